@@ -1,0 +1,1 @@
+"""Timing core of synchrony: one session clock, token/frame alignment, Level-3 sync, LST metrics."""

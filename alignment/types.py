@@ -1,0 +1,114 @@
+"""Small frozen records that flow between pipeline stages.
+
+Every record carries a presentation time (``pts``, seconds) on the session clock: zero is the
+first media the session received. Processing time never leaks into pts; latency is measured
+separately as wall time at emission minus pts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: The 12 FACS action units synchrony reports, in a fixed order (the controller's input order).
+AU_NAMES: tuple[str, ...] = (
+    "AU1", "AU2", "AU4", "AU6", "AU7", "AU9", "AU12", "AU15", "AU17", "AU20", "AU25", "AU26",
+)
+
+SAMPLE_RATE = 16_000  # Hz, mono float32 in [-1, 1] everywhere inside the pipeline
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A run of 16 kHz mono samples whose first sample is presented at ``pts``."""
+
+    pts: float
+    samples: np.ndarray = field(repr=False)
+
+    @property
+    def duration(self) -> float:
+        return len(self.samples) / SAMPLE_RATE
+
+    @property
+    def end(self) -> float:
+        return self.pts + self.duration
+
+
+@dataclass(frozen=True)
+class VideoFrame:
+    """One RGB camera frame (H, W, 3 uint8) presented at ``pts``."""
+
+    pts: float
+    image: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class AUSample:
+    """Action-unit intensities in [0, 1] for one camera frame; ``face`` is False when none was seen."""
+
+    pts: float
+    au: tuple[float, ...]  # ordered as AU_NAMES
+    face: bool
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: round(float(v), 4) for name, v in zip(AU_NAMES, self.au, strict=True)}
+
+    def vector(self) -> np.ndarray:
+        return np.asarray(self.au, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class WordToken:
+    """A recognised word with its start and end on the session clock.
+
+    ``final`` tokens never change again; interim tokens may be revised by later ones with the
+    same ``utterance`` and ``index``.
+    """
+
+    text: str
+    start: float
+    end: float
+    final: bool = True
+    probability: float = 1.0
+    utterance: int = 0
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class TokenRatePolicy:
+    """How the response stream should flow for the current cognitive load."""
+
+    tokens_per_s: float
+    max_tokens: int
+    temperature: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "max_tokens": self.max_tokens,
+            "temperature": round(self.temperature, 3),
+        }
+
+
+@dataclass(frozen=True)
+class LoadEstimate:
+    """The controller's cognitive-load level (0-3) with class probabilities and the policy it implies."""
+
+    pts: float
+    level: int
+    probs: tuple[float, float, float, float]
+    policy: TokenRatePolicy
+
+
+@dataclass(frozen=True)
+class SyncCheck:
+    """Level-3 verdict for one token: audio, video and text times pairwise within the tolerance."""
+
+    token: str
+    pts: float
+    audio: float
+    video: float
+    text: float
+    max_delta_ms: float
+    ok: bool
