@@ -103,7 +103,12 @@ class LoadEstimate:
 
 @dataclass(frozen=True)
 class SyncCheck:
-    """Level-3 verdict for one token: audio, video and text times pairwise within the tolerance."""
+    """Level-3 verdict for one token: audio, video and text times pairwise within the tolerance.
+
+    ``evidence`` names what the video time rests on: ``"markers"`` (flash/click sync markers),
+    ``"lips"`` (lip motion vs speech envelope), or ``"assigned"`` (only the pipeline's own pts,
+    which proves nothing by itself).
+    """
 
     token: str
     pts: float
@@ -112,3 +117,4 @@ class SyncCheck:
     text: float
     max_delta_ms: float
     ok: bool
+    evidence: str = "assigned"
