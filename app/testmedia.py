@@ -335,17 +335,19 @@ def write_wav(path: str | Path, samples: np.ndarray, rate: int = SAMPLE_RATE) ->
 
 
 def write_av_file(path: str | Path, clip: AVClip) -> Path:
-    """Encode a clip to a media file (H.264 + AAC in MP4, or by extension) with PyAV."""
-    import av
+    """Encode a clip to a media file (H.264 + AAC; MP4, MKV or MOV by extension) with PyAV."""
     from fractions import Fraction
+
+    import av
 
     path = Path(path)
     with av.open(str(path), "w") as container:
-        vstream = container.add_stream("libx264" if path.suffix != ".webm" else "libvpx", rate=Fraction(clip.fps).limit_denominator(1000))
+        rate = Fraction(clip.fps).limit_denominator(1000)
+        vstream = container.add_stream("libx264", rate=rate)
         h, w = clip.frames[0].shape[:2]
         vstream.width, vstream.height = w, h
         vstream.pix_fmt = "yuv420p"
-        astream = container.add_stream("aac" if path.suffix != ".webm" else "libopus", rate=48000 if path.suffix == ".webm" else SAMPLE_RATE)
+        astream = container.add_stream("aac", rate=SAMPLE_RATE)
         astream.layout = "mono"
         for img in clip.frames:
             for packet in vstream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):

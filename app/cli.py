@@ -1,0 +1,132 @@
+"""The `synchrony` command: analyze a recording, serve live sessions, load-test, retrain the controller.
+
+Exit codes scripts can rely on: 0 done; 1 internal error; 2 bad input or usage (nothing written);
+3 partial result written (e.g. a recording without audio or without video).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from app.analyze import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
+
+log = logging.getLogger("synchrony")
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from app.analyze import AnalyzeOptions, analyze, summary
+    from app.media_io import MediaError
+
+    options = AnalyzeOptions(
+        out_dir=Path(args.out),
+        whisper_path=args.whisper,
+        write_video=not args.no_video,
+        record_au_csv=args.record_au,
+    )
+    try:
+        report, code = analyze(args.input, options)
+    except MediaError as exc:
+        print(f"synchrony analyze: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(summary(report))
+    print(f"report: {options.out_dir / 'report.json'}"
+          + (f"  video: {options.out_dir / 'annotated.mp4'}" if options.write_video else ""))
+    return code
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from app.server import ServerConfig, serve
+
+    config = ServerConfig(
+        max_sessions=args.max_sessions,
+        video_backend=args.video_backend,
+        svd_model=args.svd_model,
+        responder=args.responder,
+        llm_url=args.llm_url,
+        whisper_path=args.whisper,
+        auth_token=args.auth_token or os.environ.get("SYNCHRONY_TOKEN") or None,
+    )
+    serve(args.host, args.port, config)
+    return EXIT_OK
+
+
+def _loadtest(argv: list[str]) -> int:
+    from app.loadtest import main as loadtest_main
+
+    return loadtest_main(argv)
+
+
+def _train_controller(args: argparse.Namespace) -> int:
+    from models.controller_training import train_controller_command
+
+    try:
+        figures = train_controller_command(Path(args.data), Path(args.out), epochs=args.epochs, seed=args.seed)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"synchrony train-controller: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for key, value in figures.items():
+        print(f"{key}: {value}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="synchrony", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("analyze", help="run the whole pipeline on a recorded audio+video file")
+    p.add_argument("input", help="media file (any container/codec FFmpeg reads)")
+    p.add_argument("--out", default="out", help="output directory (report.json, annotated.mp4)")
+    p.add_argument("--whisper", default=None, help="Whisper checkpoint (.pt) or CTranslate2 directory")
+    p.add_argument("--no-video", action="store_true", help="skip writing annotated.mp4")
+    p.add_argument("--record-au", action="store_true", help="also write au_session.csv (train-controller format)")
+    p.set_defaults(func=_analyze)
+
+    p = sub.add_parser("serve", help="live WebRTC server (WHIP) with the browser demo at /")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-sessions", type=int, default=8)
+    p.add_argument("--video-backend", choices=["overlay", "svd"], default="overlay")
+    p.add_argument("--svd-model", default=None, help="local SVD pipeline directory (or cached hub id)")
+    p.add_argument("--responder", choices=["caption", "openai"], default="caption")
+    p.add_argument("--llm-url", default=None, help="OpenAI-compatible endpoint for --responder openai")
+    p.add_argument("--whisper", default=None, help="Whisper checkpoint (.pt) or CTranslate2 directory")
+    p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN)")
+    p.set_defaults(func=_serve)
+
+    sub.add_parser("loadtest", help="simulated WebRTC peers against a server (see `synchrony loadtest -h`)",
+                   add_help=False)
+
+    p = sub.add_parser("train-controller", help="retrain the load controller on labelled AU sessions")
+    p.add_argument("--data", required=True,
+                   help="CSV of labelled AU sessions (format: assets/CONTROLLER_MODEL_CARD.md)")
+    p.add_argument("--out", default="controller.pt", help="where to write the new weights")
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_train_controller)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["loadtest"]:
+        return _loadtest(argv[1:])
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+    except Exception as exc:  # the last line of defence: one line for the user, the trace in the log
+        log.debug("unhandled error", exc_info=True)
+        print(f"synchrony {args.command}: internal error: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
