@@ -1,0 +1,146 @@
+"""The session clock: every incoming track's RTP time mapped onto one timeline, in seconds.
+
+Each WebRTC track has its own RTP clock (90 kHz video, 48 kHz audio) with a random origin, so the
+raw pts of an audio frame and a video frame say nothing about which was captured first. Two
+mappings put them on one timeline:
+
+* until the sender's first RTCP sender report (SR) for a track: the arrival wall time of that
+  track's first packet anchors its RTP time (``arrival`` mode) — good to network jitter;
+* once a track has an SR: the SR pairs an RTP timestamp with the sender's NTP wall clock, so
+  ``ntp(rtp) = sr_ntp + (rtp - sr_rtp) / rate`` puts every track on the sender's capture clock
+  (``sender`` mode) — this is what makes audio and video agree (lip sync).
+
+Zero is the pts of the first media the session received (whichever track came first). When the
+first SR arrives, the sender-clock offset is chosen so that track's time stays continuous; later
+tracks then join the same sender clock, which may move them by the network skew they arrived with
+(a one-off step, counted in ``steps``).
+
+Pure arithmetic, no I/O: the server feeds it arrival times and SRs, tests feed it numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_WRAP = 1 << 32
+
+
+@dataclass(frozen=True)
+class SenderReport:
+    """One RTCP SR: the sender's NTP time (s) at RTP timestamp ``rtp`` (raw 32-bit) of a track."""
+
+    ntp: float
+    rtp: int
+
+
+def ntp_to_seconds(ntp64: int) -> float:
+    """A 64-bit NTP timestamp (32.32 fixed point) in seconds."""
+    return (ntp64 >> 32) + (ntp64 & 0xFFFFFFFF) / 2**32
+
+
+def rtp_diff(a: int, b: int) -> int:
+    """``a - b`` for 32-bit RTP timestamps, taking the shortest way round the wrap."""
+    d = (a - b) % _WRAP
+    return d - _WRAP if d >= _WRAP // 2 else d
+
+
+class TrackClock:
+    """One track's RTP clock; owned by a :class:`SessionClock`."""
+
+    def __init__(self, session: SessionClock, name: str, rate: int) -> None:
+        self.session = session
+        self.name = name
+        self.rate = rate
+        self.origin: int | None = None  # raw RTP timestamp that aiortc's frame.pts counts from
+        self.first_pts: int | None = None
+        self.first_arrival: float | None = None
+        self.sr: SenderReport | None = None
+        self.last_time: float | None = None
+        self.last_pts_seen = 0
+
+    @property
+    def mode(self) -> str:
+        return "sender" if self.sr is not None and self.session.ntp_zero is not None else "arrival"
+
+    def set_origin(self, rtp: int) -> None:
+        """The raw RTP timestamp of the track's first packet (frame.pts 0 in aiortc)."""
+        if self.origin is None:
+            self.origin = rtp % _WRAP
+
+    def on_sender_report(self, report: SenderReport) -> None:
+        """Adopt a sender report; the first one on the session fixes the sender-clock offset."""
+        if self.origin is None or self.first_pts is None:
+            self.sr = report
+            return
+        before = self.time(self.last_pts_seen, None) if self.last_time is not None else None
+        self.sr = report
+        if self.session.ntp_zero is None:
+            # Keep this track continuous: its first frame keeps the session time it had.
+            anchor = self._arrival_time(self.first_pts)
+            self.session.ntp_zero = self._ntp(self.first_pts) - anchor
+        if before is not None:
+            after = self.time(self.last_pts_seen, None)
+            if abs(after - before) > 1e-3:
+                self.session.steps += 1
+
+    def time(self, pts: int, arrival: float | None) -> float:
+        """Session seconds of the frame whose aiortc pts (RTP units from the first packet) is ``pts``.
+
+        ``arrival`` is the wall time the frame arrived (monotonic s); needed for the first frame.
+        """
+        if self.first_pts is None:
+            if arrival is None:
+                raise ValueError(f"first {self.name} frame needs its arrival time")
+            self.first_pts = pts
+            self.first_arrival = arrival
+            self.session._first_media(arrival)
+        self.last_pts_seen = pts
+        if self.mode == "sender" and self.origin is not None:
+            t = self._ntp(pts) - self.session.ntp_zero  # type: ignore[operator]
+        else:
+            t = self._arrival_time(pts)
+        self.last_time = t
+        return t
+
+    def _arrival_time(self, pts: int) -> float:
+        assert self.first_arrival is not None and self.first_pts is not None
+        zero = self.session.zero_wall
+        assert zero is not None
+        return self.first_arrival - zero + (pts - self.first_pts) / self.rate
+
+    def _ntp(self, pts: int) -> float:
+        assert self.sr is not None and self.origin is not None
+        raw = (self.origin + pts) % _WRAP
+        return self.sr.ntp + rtp_diff(raw, self.sr.rtp) / self.rate
+
+
+class SessionClock:
+    """Maps every track of one session onto seconds since the first media received."""
+
+    def __init__(self) -> None:
+        self.zero_wall: float | None = None  # arrival wall time of the first media
+        self.ntp_zero: float | None = None  # sender NTP seconds at session time zero
+        self.steps = 0  # times a track's mapping moved by > 1 ms when an SR arrived
+        self._tracks: dict[str, TrackClock] = {}
+
+    def track(self, name: str, rate: int) -> TrackClock:
+        """The clock of track ``name`` (created on first use) with RTP ``rate`` Hz."""
+        clock = self._tracks.get(name)
+        if clock is None:
+            clock = self._tracks[name] = TrackClock(self, name, rate)
+        return clock
+
+    @property
+    def started(self) -> bool:
+        return self.zero_wall is not None
+
+    def wall_of(self, t: float) -> float | None:
+        """The local wall time (arrival basis) at which session time ``t`` was received."""
+        return None if self.zero_wall is None else self.zero_wall + t
+
+    def modes(self) -> dict[str, str]:
+        return {name: c.mode for name, c in self._tracks.items()}
+
+    def _first_media(self, arrival: float) -> None:
+        if self.zero_wall is None:
+            self.zero_wall = arrival

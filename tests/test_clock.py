@@ -1,0 +1,68 @@
+"""The session clock: arrival anchoring until an SR, one sender timeline after, RTP wrap."""
+
+from __future__ import annotations
+
+import pytest
+
+from alignment.clock import SenderReport, SessionClock, ntp_to_seconds, rtp_diff
+
+
+def test_rtp_diff_wraps():
+    assert rtp_diff(5, (1 << 32) - 5) == 10
+    assert rtp_diff((1 << 32) - 5, 5) == -10
+    assert rtp_diff(1000, 400) == 600
+
+
+def test_ntp_to_seconds():
+    assert ntp_to_seconds((3 << 32) | (1 << 31)) == pytest.approx(3.5)
+
+
+def test_zero_is_first_media_and_arrival_mode():
+    clock = SessionClock()
+    video = clock.track("video", 90_000)
+    audio = clock.track("audio", 48_000)
+    # Video's first frame arrives at wall 100.0, audio's first frame 30 ms later.
+    assert video.time(0, arrival=100.0) == 0.0
+    assert audio.time(0, arrival=100.030) == pytest.approx(0.030)
+    # Later frames follow their own RTP clocks, not their (jittery) arrival.
+    assert video.time(9000, arrival=100.2) == pytest.approx(0.1)
+    assert audio.time(4800, arrival=999.0) == pytest.approx(0.130)
+    assert clock.modes() == {"video": "arrival", "audio": "arrival"}
+
+
+def test_first_frame_needs_arrival():
+    with pytest.raises(ValueError, match="arrival"):
+        SessionClock().track("video", 90_000).time(0, arrival=None)
+
+
+def test_sender_reports_put_tracks_on_one_timeline():
+    """Audio captured at the same instant as video but delivered 45 ms later ends up at the same time."""
+    clock = SessionClock()
+    video = clock.track("video", 90_000)
+    audio = clock.track("audio", 48_000)
+    v0, a0 = 123_456, (1 << 32) - 2_400  # random origins; audio wraps 50 ms in
+    video.set_origin(v0)
+    audio.set_origin(a0)
+    video.time(0, arrival=10.000)
+    audio.time(0, arrival=10.045)  # network skew: audio path 45 ms slower
+    sender_t0 = 5000.0  # sender NTP seconds when both first frames were captured
+    video.on_sender_report(SenderReport(ntp=sender_t0 + 1.0, rtp=(v0 + 90_000) % (1 << 32)))
+    audio.on_sender_report(SenderReport(ntp=sender_t0 + 1.0, rtp=(a0 + 48_000) % (1 << 32)))
+    assert clock.modes() == {"video": "sender", "audio": "sender"}
+    # Video stays continuous (the first SR anchors there); audio moves onto the sender clock.
+    assert video.time(0, None) == pytest.approx(0.0)
+    assert audio.time(0, None) == pytest.approx(0.0, abs=1e-9)
+    assert audio.time(48_000 * 2, None) == pytest.approx(video.time(90_000 * 2, None))
+    assert clock.steps == 1
+
+
+def test_sender_report_before_first_frame_is_kept():
+    clock = SessionClock()
+    video = clock.track("video", 90_000)
+    video.set_origin(0)
+    video.on_sender_report(SenderReport(ntp=1.0, rtp=0))
+    assert video.time(0, arrival=3.0) == 0.0
+    assert clock.ntp_zero is None  # no offset until a report arrives with a frame to anchor
+    video.on_sender_report(SenderReport(ntp=2.0, rtp=90_000))
+    assert video.mode == "sender"
+    assert video.time(45_000, None) == pytest.approx(0.5)
