@@ -334,34 +334,36 @@ def write_wav(path: str | Path, samples: np.ndarray, rate: int = SAMPLE_RATE) ->
         wf.writeframes(pcm.tobytes())
 
 
-def write_av_file(path: str | Path, clip: AVClip) -> Path:
-    """Encode a clip to a media file (H.264 + AAC; MP4, MKV or MOV by extension) with PyAV."""
+def write_av_file(path: str | Path, clip: AVClip, audio: bool = True, video: bool = True) -> Path:
+    """Encode a clip to a media file (H.264 + AAC; MP4, MKV or MOV by extension) with PyAV.
+
+    ``audio=False`` or ``video=False`` leaves that stream out (for missing-track handling).
+    """
     from fractions import Fraction
 
     import av
 
     path = Path(path)
     with av.open(str(path), "w") as container:
-        rate = Fraction(clip.fps).limit_denominator(1000)
-        vstream = container.add_stream("libx264", rate=rate)
-        h, w = clip.frames[0].shape[:2]
-        vstream.width, vstream.height = w, h
-        vstream.pix_fmt = "yuv420p"
-        astream = container.add_stream("aac", rate=SAMPLE_RATE)
-        astream.layout = "mono"
-        for img in clip.frames:
-            for packet in vstream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                container.mux(packet)
-        for packet in vstream.encode():
-            container.mux(packet)
-        pcm = (np.clip(clip.audio, -1, 1) * 32767).astype(np.int16)
-        block = 1024
-        for i in range(0, len(pcm), block):
-            frame = av.AudioFrame.from_ndarray(pcm[None, i : i + block], format="s16", layout="mono")
-            frame.sample_rate = SAMPLE_RATE
-            frame.pts = i
-            for packet in astream.encode(frame):
-                container.mux(packet)
-        for packet in astream.encode():
-            container.mux(packet)
+        vstream = astream = None
+        if video:
+            vstream = container.add_stream("libx264", rate=Fraction(clip.fps).limit_denominator(1000))
+            h, w = clip.frames[0].shape[:2]
+            vstream.width, vstream.height = w, h
+            vstream.pix_fmt = "yuv420p"
+        if audio:
+            astream = container.add_stream("aac", rate=SAMPLE_RATE)
+            astream.layout = "mono"
+        if vstream is not None:
+            for img in clip.frames:
+                container.mux(vstream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
+            container.mux(vstream.encode())
+        if astream is not None:
+            pcm = (np.clip(clip.audio, -1, 1) * 32767).astype(np.int16)
+            for i in range(0, len(pcm), 1024):
+                frame = av.AudioFrame.from_ndarray(pcm[None, i : i + 1024], format="s16", layout="mono")
+                frame.sample_rate = SAMPLE_RATE
+                frame.pts = i
+                container.mux(astream.encode(frame))
+            container.mux(astream.encode())
     return path
