@@ -261,7 +261,7 @@ class Impairment:
         self._link_rng = random.Random(f"synchrony-netem-link:{seed}:{direction}")
         self._bad = False
         self._last_delivery = -math.inf
-        self._max_delivery = -math.inf
+        self._overtakable: dict[int, float] = {}  # index -> arrival, datagrams still in flight
         self._link_slot = -1
         self._link_delay_ms = 0.0
         self._index = 0
@@ -315,10 +315,13 @@ class Impairment:
             arrival = p.block_first_s
         if p.reorder == 0.0:  # FIFO link: nobody overtakes
             arrival = max(arrival, self._last_delivery)
-        if arrival < self._max_delivery:
-            st.reordered += 1
+        else:  # RFC 4737 view: an earlier datagram is reordered once a later one arrives before it
+            pending = self._overtakable
+            for j in [j for j, a in pending.items() if a <= t or a > arrival]:
+                if pending.pop(j) > arrival:
+                    st.reordered += 1
+            pending[index] = arrival
         self._last_delivery = arrival
-        self._max_delivery = max(self._max_delivery, arrival)
         delay_s = arrival - t
         st.delivered += 1
         if len(st.delays_ms) < MAX_DELAY_SAMPLES:
