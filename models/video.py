@@ -104,6 +104,36 @@ def _font(size: int, bold: bool = False, mono: bool = False) -> ImageFont.FreeTy
             return ImageFont.load_default()
 
 
+@lru_cache(maxsize=2048)
+def _text_mask(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont,
+               anchor: str) -> tuple[Image.Image, int, int]:
+    """A rasterised glyph run and its offset from the anchor point (text repeats frame to frame)."""
+    left, top, right, bottom = (int(v) for v in font.getbbox(text, anchor=anchor))
+    mask = Image.new("L", (max(right - left, 1), max(bottom - top, 1)), 0)
+    ImageDraw.Draw(mask).text((-left, -top), text, font=font, fill=255, anchor=anchor)
+    return mask, left, top
+
+
+class _Painter:
+    """PIL drawing on one frame, with text stamped from cached glyph masks (rasterising is the cost)."""
+
+    def __init__(self, image: Image.Image) -> None:
+        self.image = image
+        self.draw = ImageDraw.Draw(image)
+
+    def text(self, xy: tuple[float, float], text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont,
+             fill: tuple[int, int, int], anchor: str = "la") -> None:
+        if not text:
+            return
+        try:
+            mask, left, top = _text_mask(text, font, anchor)
+        except (TypeError, ValueError):  # a bitmap fallback font without anchor support
+            self.draw.text(xy, text, font=font, fill=fill)
+            return
+        x, y = int(round(xy[0])) + left, int(round(xy[1])) + top
+        self.image.paste(fill, (x, y, x + mask.width, y + mask.height), mask)
+
+
 def _text_width(font: ImageFont.FreeTypeFont | ImageFont.ImageFont, text: str) -> float:
     return float(font.getlength(text))
 
@@ -134,6 +164,16 @@ def _as_rgb(image: np.ndarray) -> np.ndarray:
     raise ValueError(f"camera frame must be (h, w, 3) RGB, got shape {arr.shape}")
 
 
+def _resize(rgb: np.ndarray, w: int, h: int) -> np.ndarray:
+    """Area-average down, bilinear up: OpenCV (ships with mediapipe) when present, else Pillow."""
+    try:
+        import cv2
+    except ImportError:
+        return np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).resize((w, h), Image.Resampling.BILINEAR))
+    shrink = w < rgb.shape[1]
+    return cv2.resize(np.ascontiguousarray(rgb), (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+
+
 def fit_frame(image: np.ndarray | None, size: tuple[int, int],
               background: tuple[int, int, int] = _BACKGROUND) -> np.ndarray:
     """``image`` resized to fit ``size`` (w, h) keeping its aspect, letterboxed on ``background``."""
@@ -149,8 +189,7 @@ def fit_frame(image: np.ndarray | None, size: tuple[int, int],
     scale = min(w / iw, h / ih)
     nw, nh = max(int(round(iw * scale)), 1), max(int(round(ih * scale)), 1)
     if (nw, nh) != (iw, ih):
-        rgb = np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).resize(
-            (nw, nh), Image.Resampling.BILINEAR, reducing_gap=2.0 if scale < 0.5 else None))
+        rgb = _resize(rgb, nw, nh)
     x0, y0 = (w - nw) // 2, (h - nh) // 2
     canvas[y0 : y0 + nh, x0 : x0 + nw] = rgb
     return canvas
@@ -189,7 +228,7 @@ class OverlayRenderer:
         # Translucent panels first (numpy), then every stroke and glyph in one PIL pass.
         _shade(frame, 0, h - caption_h, w, h, _PANEL, 0.62)
         header_font = _font(max(int(round(12 * s)), 7), mono=True)
-        header = f"t {request.pts:7.3f} s   #{request.index}"
+        header = f"{request.pts:.3f} s  ·  frame {request.index}"
         header_w = int(_text_width(header_font, header)) + 2 * pad
         header_h = max(int(round(20 * s)), 9)
         _shade(frame, pad, pad, pad + header_w, pad + header_h, _PANEL, 0.6)
@@ -203,14 +242,17 @@ class OverlayRenderer:
             _shade(frame, *load_box, _PANEL, 0.6)
 
         image = Image.fromarray(frame)
-        draw = ImageDraw.Draw(image)
-        draw.text((pad * 2, pad + header_h // 2), header, font=header_font, fill=_TEXT, anchor="lm")
-        self._draw_badge(draw, request.sync_ok, w, s, pad)
+        p = _Painter(image)
+        if request.camera is None:
+            p.text((w / 2, (h - caption_h) / 2), "no camera", font=_font(max(int(round(16 * s)), 7)),
+                      fill=_DIM, anchor="mm")
+        p.text((pad * 2, pad + header_h // 2), header, font=header_font, fill=_TEXT, anchor="lm")
+        self._draw_badge(p, request.sync_ok, w, s, pad)
         if self.show_load:
-            self._draw_load(draw, request.load, load_box, s)
+            self._draw_load(p, request.load, load_box, s)
         if au_box is not None:
-            self._draw_aus(draw, request.au, au_box, s)
-        self._draw_caption(draw, request, w, h, s, caption_h)
+            self._draw_aus(p, request.au, au_box, s)
+        self._draw_caption(p, request, w, h, s, caption_h)
         return np.asarray(image)
 
     def close(self) -> None:
@@ -220,8 +262,10 @@ class OverlayRenderer:
 
     @staticmethod
     def _au_box(w: int, h: int, s: float, pad: int, caption_h: int) -> tuple[int, int, int, int] | None:
-        row = max(int(round(14 * s)), 6)
+        row = int(round(14 * s))
         box_w = int(round(118 * s))
+        if row < 9:
+            return None  # too small an output to show AU bars legibly
         top = pad * 2 + max(int(round(22 * s)), 9)
         bottom = top + row * (len(AU_NAMES) + 1) + pad
         if bottom > h - caption_h - pad or box_w > w // 2:
@@ -229,33 +273,33 @@ class OverlayRenderer:
         return (w - pad - box_w, top, w - pad, bottom)
 
     @staticmethod
-    def _draw_badge(draw: ImageDraw.ImageDraw, ok: bool | None, w: int, s: float, pad: int) -> None:
+    def _draw_badge(p: _Painter, ok: bool | None, w: int, s: float, pad: int) -> None:
         colour, label = _BADGE[None if ok is None else bool(ok)]
         font = _font(max(int(round(11 * s)), 7), bold=True)
         tw = _text_width(font, label)
         bh = max(int(round(20 * s)), 9)
         x1 = w - pad
         x0 = int(x1 - tw - 2 * pad - bh * 0.6)
-        draw.rounded_rectangle((x0, pad, x1, pad + bh), radius=bh // 2, fill=colour)
+        p.draw.rounded_rectangle((x0, pad, x1, pad + bh), radius=bh // 2, fill=colour)
         dot = bh * 0.18
         cx, cy = x0 + pad + dot, pad + bh / 2
-        draw.ellipse((cx - dot, cy - dot, cx + dot, cy + dot), fill=(255, 255, 255))
-        draw.text((x1 - pad, cy), label, font=font, fill=(255, 255, 255), anchor="rm")
+        p.draw.ellipse((cx - dot, cy - dot, cx + dot, cy + dot), fill=(255, 255, 255))
+        p.text((x1 - pad, cy), label, font=font, fill=(255, 255, 255), anchor="rm")
 
     @staticmethod
-    def _draw_load(draw: ImageDraw.ImageDraw, load: LoadEstimate | None,
+    def _draw_load(p: _Painter, load: LoadEstimate | None,
                    box: tuple[int, int, int, int], s: float) -> None:
         x0, y0, x1, y1 = box
         font = _font(max(int(round(11 * s)), 7), bold=True)
         small = _font(max(int(round(10 * s)), 6))
         inner = max(int(round(6 * s)), 2)
         if load is None:
-            draw.text((x0 + inner, y0 + inner), "LOAD  —", font=font, fill=_DIM, anchor="lt")
-            draw.text((x0 + inner, y1 - inner), "waiting for face", font=small, fill=_DIM, anchor="lb")
+            p.text((x0 + inner, y0 + inner), "LOAD  —", font=font, fill=_DIM, anchor="lt")
+            p.text((x0 + inner, y1 - inner), "waiting for face", font=small, fill=_DIM, anchor="lb")
             return
         level = min(max(int(load.level), 0), 3)
-        draw.text((x0 + inner, y0 + inner), f"LOAD {level}", font=font, fill=_TEXT, anchor="lt")
-        draw.text((x1 - inner, y0 + inner), _LOAD_NAMES[level], font=small, fill=_LOAD_COLOURS[level],
+        p.text((x0 + inner, y0 + inner), f"LOAD {level}", font=font, fill=_TEXT, anchor="lt")
+        p.text((x1 - inner, y0 + inner), _LOAD_NAMES[level], font=small, fill=_LOAD_COLOURS[level],
                   anchor="rt")
         seg_y0 = y0 + int(round(20 * s))
         seg_h = max(int(round(5 * s)), 2)
@@ -263,37 +307,40 @@ class OverlayRenderer:
         for i in range(4):
             sx = x0 + inner + i * (seg_w + inner / 2)
             fill = _LOAD_COLOURS[i] if i <= level else _AU_TRACK
-            draw.rectangle((sx, seg_y0, sx + seg_w, seg_y0 + seg_h), fill=fill)
+            p.draw.rectangle((sx, seg_y0, sx + seg_w, seg_y0 + seg_h), fill=fill)
         policy = load.policy
-        draw.text((x0 + inner, y1 - inner), f"{policy.tokens_per_s:.1f} tok/s  ·  max {policy.max_tokens}",
+        p.text((x0 + inner, y1 - inner), f"{policy.tokens_per_s:.1f} tok/s  ·  max {policy.max_tokens}",
                   font=small, fill=_DIM, anchor="lb")
 
     @staticmethod
-    def _draw_aus(draw: ImageDraw.ImageDraw, sample: AUSample | None,
+    def _draw_aus(p: _Painter, sample: AUSample | None,
                   box: tuple[int, int, int, int], s: float) -> None:
         x0, y0, x1, _ = box
         row = max(int(round(14 * s)), 6)
         font = _font(max(int(round(9 * s)), 6))
         inner = max(int(round(5 * s)), 2)
         face = sample is not None and sample.face
-        title = "ACTION UNITS" if face else "ACTION UNITS · no face"
-        draw.text((x0 + inner, y0 + row // 2 + 1), title, font=_font(max(int(round(8 * s)), 6), bold=True),
+        title_font = _font(max(int(round(8 * s)), 6), bold=True)
+        p.text((x0 + inner, y0 + row // 2 + 1), "ACTION UNITS", font=title_font,
                   fill=_TEXT if face else _DIM, anchor="lm")
+        if not face:
+            p.text((x1 - inner, y0 + row // 2 + 1), "no face", font=title_font, fill=_LOAD_COLOURS[3],
+                      anchor="rm")
         label_w = int(round(32 * s))
         bar_x0, bar_x1 = x0 + inner + label_w, x1 - inner
         bar_h = max(int(round(6 * s)), 2)
         values = sample.au if sample is not None else (0.0,) * len(AU_NAMES)
         for i, (name, value) in enumerate(zip(AU_NAMES, values, strict=True)):
             cy = y0 + row * (i + 1) + row // 2 + 1
-            draw.text((x0 + inner, cy), name, font=font, fill=_TEXT if face else _DIM, anchor="lm")
+            p.text((x0 + inner, cy), name, font=font, fill=_TEXT if face else _DIM, anchor="lm")
             top, bottom = cy - bar_h // 2, cy - bar_h // 2 + bar_h
-            draw.rectangle((bar_x0, top, bar_x1, bottom), fill=_AU_TRACK)
+            p.draw.rectangle((bar_x0, top, bar_x1, bottom), fill=_AU_TRACK)
             v = float(np.clip(value, 0.0, 1.0)) if face and np.isfinite(value) else 0.0
             if v > 0:
-                draw.rectangle((bar_x0, top, bar_x0 + v * (bar_x1 - bar_x0), bottom), fill=_AU_BAR)
+                p.draw.rectangle((bar_x0, top, bar_x0 + v * (bar_x1 - bar_x0), bottom), fill=_AU_BAR)
 
     @staticmethod
-    def _draw_caption(draw: ImageDraw.ImageDraw, request: RenderRequest, w: int, h: int, s: float,
+    def _draw_caption(p: _Painter, request: RenderRequest, w: int, h: int, s: float,
                       caption_h: int) -> None:
         words = list(request.caption)
         new = list(request.new_words)
@@ -327,9 +374,9 @@ class OverlayRenderer:
             if hot:
                 hl = max(int(round(3 * s)), 1)
                 half = getattr(f, "size", 10) * 0.62
-                draw.rounded_rectangle((x - hl, cy - half, x + tw + hl, cy + half), radius=hl * 2,
+                p.draw.rounded_rectangle((x - hl, cy - half, x + tw + hl, cy + half), radius=hl * 2,
                                        fill=(70, 58, 20))
-            draw.text((x, cy), text, font=f, fill=_HIGHLIGHT if hot else _TEXT, anchor="lm")
+            p.text((x, cy), text, font=f, fill=_HIGHLIGHT if hot else _TEXT, anchor="lm")
             x += tw + space
 
 
