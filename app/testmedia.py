@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from alignment import evidence as _evidence
 from alignment.types import SAMPLE_RATE
 
 # --- speech ---------------------------------------------------------------------------------
@@ -250,16 +251,19 @@ def talking_face_frames(
 
 
 # --- sync markers ---------------------------------------------------------------------------
+# The marker spec (and its detector) lives in alignment.evidence; this is the generator side.
 
-CLICK_HZ = 1000.0
-CLICK_S = 0.010
-FLASH_FRAMES = 1
+CLICK_HZ = _evidence.CLICK_HZ
+CLICK_S = _evidence.CLICK_S
+FLASH_FRAMES = 1  # the light pulse lasts exactly one frame period
 
 
-def add_clicks(samples: np.ndarray, times: list[float], amplitude: float = 0.5) -> np.ndarray:
-    """Mix a 10 ms 1 kHz tone burst at each time into ``samples``."""
+def add_clicks(
+    samples: np.ndarray, times: list[float], amplitude: float = _evidence.CLICK_AMPLITUDE
+) -> np.ndarray:
+    """Mix a 10 ms 1 kHz tone burst starting at each time into ``samples``."""
     out = samples.copy()
-    n = int(CLICK_S * SAMPLE_RATE)
+    n = int(round(CLICK_S * SAMPLE_RATE))
     burst = amplitude * np.sin(2 * np.pi * CLICK_HZ * np.arange(n) / SAMPLE_RATE).astype(np.float32)
     for t in times:
         i = int(round(t * SAMPLE_RATE))
@@ -269,11 +273,35 @@ def add_clicks(samples: np.ndarray, times: list[float], amplitude: float = 0.5) 
     return np.clip(out, -1.0, 1.0)
 
 
-def add_flash(frame: np.ndarray) -> np.ndarray:
-    """A frame with a white square in its top-left corner (the visual sync marker)."""
+def add_marker_box(frame: np.ndarray) -> np.ndarray:
+    """A frame with the (unlit, black) marker patch in its top-left corner."""
+    return add_flash(frame, 0.0)
+
+
+def add_flash(frame: np.ndarray, level: float = 1.0) -> np.ndarray:
+    """A frame whose top-left marker patch is lit to ``level`` (0 black … 1 white).
+
+    ``level`` is the fraction of the frame's exposure during which the flash was on, so a flash
+    that starts between two frames shows in both with brightness that encodes its phase.
+    """
     out = frame.copy()
-    side = max(frame.shape[0] // 8, 16)
-    out[:side, :side] = 255
+    side = _evidence.flash_patch_side(frame.shape[0])
+    out[:side, :side] = int(round(float(np.clip(level, 0.0, 1.0)) * 255))
+    return out
+
+
+def flash_exposure(onset: float, n_frames: int, fps: float) -> dict[int, float]:
+    """Exposure fraction of each frame lit by a one-period light pulse starting at ``onset`` (s).
+
+    Frame k integrates light over its cell ``[k/fps - T/2, k/fps + T/2)`` with ``T = 1/fps``.
+    """
+    period = 1.0 / fps
+    out: dict[int, float] = {}
+    first = int(np.floor(onset * fps - 0.5))
+    for k in range(first, first + 3):
+        lo, hi = max(k * period - period / 2, onset), min(k * period + period / 2, onset + period)
+        if hi > lo and 0 <= k < n_frames:
+            out[k] = (hi - lo) / period
     return out
 
 
@@ -308,6 +336,10 @@ def make_av_clip(
     """Speech with known word onsets over a talking face, with optional flash/click sync markers.
 
     A positive ``av_offset_s`` shifts all visual content (lips and flashes) later than the audio.
+    With ``markers``, every frame carries the black marker patch (top-left), lit by a light pulse
+    of one frame period starting at each marker instant (+ offset), integrated over each frame's
+    exposure cell so its brightness keeps the sub-frame phase (see alignment.evidence); the audio
+    gets a 1 kHz click at each marker instant.
     """
     speech = synthesize_speech(text, voice=voice, wpm=wpm, lead_in_s=lead_in_s)
     audio = np.concatenate([speech.samples, np.zeros(int(tail_s * SAMPLE_RATE), np.float32)])
@@ -316,11 +348,11 @@ def make_av_clip(
     visual_t = np.arange(n_frames) / fps - av_offset_s
     env = speech_envelope(speech.samples, visual_t)
     frames = talking_face_frames(env, size)
+    if markers:
+        frames = [add_marker_box(f) for f in frames]
     for t in markers:
-        k = int(round((t + av_offset_s) * fps))
-        for j in range(k, min(k + FLASH_FRAMES, n_frames)):
-            if j >= 0:
-                frames[j] = add_flash(frames[j])
+        for k, level in flash_exposure(t + av_offset_s, n_frames, fps).items():
+            frames[k] = add_flash(frames[k], level)
     return AVClip(audio, frames, fps, speech.words, text, tuple(markers), av_offset_s)
 
 
