@@ -10,8 +10,9 @@ a real one does while ICE keeps working.
 
 Every decision comes from a ``random.Random`` seeded by (seed, direction) and advances once per
 datagram, so the same packet sequence gets the same fate: runs are reproducible. Delay profiles
-that vary with time (stepwise degradation, link jitter, first-frame blocking) use the time since
-the first datagram of the link.
+that vary with time (stepwise degradation, link jitter, first-frame blocking) use the link time:
+seconds since the first RTP/RTCP datagram in either direction (RFC 7983: first byte 128-191), so
+the DTLS handshake before it sees time zero and is never "first-frame blocked".
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class GilbertElliott:
 
 @dataclass(frozen=True)
 class DelayStep:
-    """From ``at_s`` seconds after the link's first datagram on, the base delay is ``delay_ms``."""
+    """From ``at_s`` seconds of link time on, the base delay is ``delay_ms``."""
 
     at_s: float
     delay_ms: float
@@ -69,8 +70,8 @@ class NetemProfile:
       ``link_jitter_period_s`` (a link whose queueing delay wanders).
     * ``reorder``: probability a datagram is held back ``reorder_gap_ms`` more, so later ones overtake it.
       With ``reorder == 0`` the link is FIFO: jitter delays a datagram but never lets a later one pass.
-    * ``block_first_s``: nothing is delivered before this many seconds after the first datagram
-      (first-frame blocking); the held datagrams are released together then.
+    * ``block_first_s``: no media datagram is delivered before this much link time (first-frame
+      blocking); the held datagrams are released together then.
     * ``max_in_flight``: bound on datagrams held at once; beyond it they are dropped and counted.
     """
 
@@ -207,7 +208,7 @@ class Verdict:
     """The fate of one datagram: dropped (``delay_s is None``) or delivered after ``delay_s``."""
 
     index: int
-    t: float  # seconds since the link's first datagram
+    t: float  # link time: seconds since the link's first media datagram
     delay_s: float | None
     reason: str = ""  # "loss", "burst", "overflow" for drops
 
@@ -252,7 +253,8 @@ class Impairment:
     """Decides the fate of each datagram in one direction; pure apart from its seeded RNG.
 
     ``decide(t)`` is called once per datagram in send order with the link time ``t``; the
-    result does not depend on wall-clock scheduling, only on (profile, seed, direction, t).
+    result does not depend on wall-clock scheduling, only on (profile, seed, direction, t, media).
+    ``media=False`` (handshake datagrams before the first RTP) is exempt from first-frame blocking.
     """
 
     def __init__(self, profile: NetemProfile, seed: int = 0, direction: str = "up") -> None:
@@ -282,7 +284,7 @@ class Impairment:
             base += self._link_delay_ms
         return base
 
-    def decide(self, t: float, size: int = 0) -> Verdict:
+    def decide(self, t: float, size: int = 0, media: bool = True) -> Verdict:
         p = self.profile
         rng = self._rng
         index = self._index
@@ -311,7 +313,7 @@ class Impairment:
         if u_re < p.reorder:
             delay_ms += p.reorder_gap_ms
         arrival = t + delay_ms / 1000.0
-        if p.block_first_s > 0 and arrival < p.block_first_s:
+        if media and p.block_first_s > 0 and arrival < p.block_first_s:
             arrival = p.block_first_s
         if p.reorder == 0.0:  # FIFO link: nobody overtakes
             arrival = max(arrival, self._last_delivery)
@@ -350,11 +352,14 @@ class NetemLink:
         self._hooked: list[Any] = []
         self._pending: set[asyncio.Task] = set()
 
-    def _now(self) -> float:
+    def _now(self, data: bytes) -> tuple[float, bool]:
+        """Link time and whether the link carries media yet (this datagram or an earlier one is RTP)."""
         now = time.monotonic()
         if self._t0 is None:
+            if not (data and 128 <= data[0] <= 191):
+                return 0.0, False
             self._t0 = now
-        return now - self._t0
+        return now - self._t0, True
 
     def stats(self) -> dict[str, dict[str, float | int]]:
         return {"up": self.up.stats.summary(), "down": self.down.stats.summary()}
@@ -368,7 +373,8 @@ class NetemLink:
         link = self
 
         async def sendto(data: bytes, component: int) -> None:
-            verdict = link.up.decide(link._now(), len(data))
+            t, media = link._now(data)
+            verdict = link.up.decide(t, len(data), media)
             if link._on_verdict is not None:
                 link._on_verdict("up", verdict)
             if verdict.delay_s is None:
@@ -381,7 +387,8 @@ class NetemLink:
             loop.call_later(verdict.delay_s, link._send_later, orig_sendto, data, component)
 
         def data_received(data: bytes, component: int) -> None:
-            verdict = link.down.decide(link._now(), len(data))
+            t, media = link._now(data)
+            verdict = link.down.decide(t, len(data), media)
             if link._on_verdict is not None:
                 link._on_verdict("down", verdict)
             if verdict.delay_s is None:

@@ -90,6 +90,7 @@ def test_stepwise_degradation_and_first_frame_block():
     assert got[3.1] == pytest.approx(200) and got[5.0] == pytest.approx(200)
     assert got[6.5] == pytest.approx(1200) and got[9.0] == pytest.approx(1200)
     block = Impairment(NetemProfile(block_first_s=2.0))
+    assert block.decide(0.0, media=False).delay_s == 0.0  # the DTLS handshake is not blocked
     arrivals = [t + block.decide(t).delay_s for t in (0.0, 0.5, 1.9, 2.5)]
     assert arrivals == pytest.approx([2.0, 2.0, 2.0, 2.5])
 
