@@ -103,9 +103,10 @@ def estimate_av_offset(media: DecodedMedia, faces: FaceTrack | None) -> tuple[fl
         audio=media.audio,
         audio_pts=media.audio_pts,
         frames=media.frames,
-        mouth_open=faces.mouth_open if faces else None,
+        mouth_open=[m if s.face else None for s, m in zip(faces.samples, faces.mouth_open, strict=True)]
+        if faces else None,
     )
-    if result.offset_s is None:
+    if result.offset_s is None or result.source is None:
         return None, "assigned", 0.0
     return result.offset_s, result.source, result.confidence
 
@@ -207,7 +208,6 @@ def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[dict[str, Any], 
 
     def asr_stage() -> list[WordToken]:
         from models.asr import transcribe_words
-
         from models.whisper_loader import load_whisper
 
         if not media.has_audio:
