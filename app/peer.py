@@ -1,0 +1,321 @@
+"""A WHIP client peer (aiortc) that sends generated media and records what comes back.
+
+Used by the tests, ``bench/live.py`` and the load tester, so every live claim is measured through
+the real WebRTC stack over loopback. The API is deliberately small:
+
+    peer = WhipPeer("http://127.0.0.1:8000/whip", clip)   # clip: app.testmedia.AVClip
+    await peer.connect()          # POST the offer, apply the answer; media starts flowing
+    await peer.wait_for("token", lambda m: m["final"], timeout=10)
+    peer.events                   # [ReceivedEvent(wall, message)] in arrival order
+    peer.frames_received          # count of returned video frames; peer.last_frames: a few, as RGB
+    peer.sent_video_wall(pts)     # wall time the frame at clip time ``pts`` was handed to the encoder
+    await peer.close()            # DELETE the session, close the peer connection
+
+Audio is sent as 20 ms frames at 48 kHz, video at the clip's fps, both paced in real time from one
+shared start instant (``t0_wall``), so clip time t is sent at ``t0_wall + t``. After the clip ends the
+peer keeps sending silence and the last video frame (a quiet, still camera) until closed, unless
+``loop=True``. Wall times are ``time.monotonic()`` (system-wide on Linux, so comparable across
+processes on one machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from alignment.types import SAMPLE_RATE
+
+AUDIO_RATE = 48_000
+AUDIO_FRAME = 960  # 20 ms at 48 kHz
+VIDEO_CLOCK = 90_000
+
+
+@dataclass(frozen=True)
+class ReceivedEvent:
+    """One JSON message from the server's ``events`` channel and its arrival wall time."""
+
+    wall: float
+    message: dict[str, Any] = field(repr=False)
+
+    @property
+    def type(self) -> str:
+        return str(self.message.get("type", ""))
+
+
+class WhipError(RuntimeError):
+    """The server refused the offer; ``status`` is the HTTP status, ``detail`` its message."""
+
+    def __init__(self, status: int, detail: str, retry_after: str | None = None) -> None:
+        super().__init__(f"WHIP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+        self.retry_after = retry_after
+
+
+class _Start:
+    """The shared instant clip time zero is sent; set by whichever track is pulled first."""
+
+    def __init__(self) -> None:
+        self.wall: float | None = None
+
+    def get(self) -> float:
+        if self.wall is None:
+            self.wall = time.monotonic()
+        return self.wall
+
+    async def sleep_until(self, t: float) -> None:
+        delay = self.get() + t - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class ClipAudioTrack(MediaStreamTrack):
+    """16 kHz clip audio, upsampled to 48 kHz and sent as 20 ms s16 frames with sample-count pts."""
+
+    kind = "audio"
+
+    def __init__(self, samples16k: np.ndarray, start: _Start, loop: bool = False) -> None:
+        super().__init__()
+        from app.testmedia import resample
+
+        pcm = resample(np.asarray(samples16k, np.float32), SAMPLE_RATE, AUDIO_RATE)
+        self._pcm = (np.clip(pcm, -1, 1) * 32767).astype(np.int16)
+        self._start = start
+        self._loop = loop
+        self._n = 0  # frames sent
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        pts = self._n * AUDIO_FRAME
+        await self._start.sleep_until(pts / AUDIO_RATE)
+        i = pts % len(self._pcm) if self._loop and len(self._pcm) else pts
+        chunk = self._pcm[i : i + AUDIO_FRAME]
+        if len(chunk) < AUDIO_FRAME:
+            chunk = np.concatenate([chunk, np.zeros(AUDIO_FRAME - len(chunk), np.int16)])
+        frame = av.AudioFrame.from_ndarray(chunk[None, :], format="s16", layout="mono")
+        frame.sample_rate = AUDIO_RATE
+        frame.pts = pts
+        frame.time_base = fractions.Fraction(1, AUDIO_RATE)
+        self._n += 1
+        return frame
+
+
+class ClipVideoTrack(MediaStreamTrack):
+    """Clip frames at the clip's fps with 90 kHz pts; records the wall time each frame was sent."""
+
+    kind = "video"
+
+    def __init__(self, frames: list[np.ndarray], fps: float, start: _Start, loop: bool = False) -> None:
+        super().__init__()
+        if not frames:
+            raise ValueError("a video track needs at least one frame")
+        self._frames = [av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format="yuv420p") for f in frames]
+        self._fps = float(fps)
+        self._start = start
+        self._loop = loop
+        self._n = 0
+        self.sent: deque[tuple[float, float]] = deque(maxlen=20_000)  # (clip time, wall)
+
+    async def recv(self) -> av.VideoFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        t = self._n / self._fps
+        await self._start.sleep_until(t)
+        k = self._n % len(self._frames) if self._loop else min(self._n, len(self._frames) - 1)
+        src = self._frames[k]
+        frame = av.VideoFrame(src.width, src.height, "yuv420p")
+        for dst_plane, src_plane in zip(frame.planes, src.planes, strict=True):
+            dst_plane.update(bytes(src_plane))
+        frame.pts = int(round(t * VIDEO_CLOCK))
+        frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
+        self.sent.append((t, time.monotonic()))
+        self._n += 1
+        return frame
+
+
+class WhipPeer:
+    """An aiortc peer that publishes a clip over WHIP and collects the server's video and events."""
+
+    def __init__(
+        self,
+        url: str,
+        clip: Any = None,
+        *,
+        token: str | None = None,
+        keep_frames: int = 4,
+        loop: bool = False,
+        audio: np.ndarray | None = None,
+        frames: list[np.ndarray] | None = None,
+        fps: float | None = None,
+    ) -> None:
+        """``clip`` is an ``app.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``."""
+        self.url = url
+        self.token = token
+        audio = clip.audio if clip is not None and audio is None else audio
+        frames = clip.frames if clip is not None and frames is None else frames
+        fps = clip.fps if clip is not None and fps is None else fps
+        self._start = _Start()
+        self.pc = RTCPeerConnection()
+        self.audio_track = ClipAudioTrack(audio, self._start, loop) if audio is not None else None
+        self.video_track = (
+            ClipVideoTrack(frames, float(fps or 25.0), self._start, loop) if frames else None
+        )
+        self.events: list[ReceivedEvent] = []
+        self.frames_received = 0
+        self.last_frames: deque[av.VideoFrame] = deque(maxlen=max(keep_frames, 1))
+        self.first_frame_wall: float | None = None
+        self.location: str | None = None
+        self.session_id: str | None = None
+        self.channel_open = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def connect(self, timeout: float = 15.0) -> None:
+        """Send the offer (audio + video sendrecv, DataChannel ``events``) and apply the answer."""
+        channel = self.pc.createDataChannel("events")
+        channel.on("open", self.channel_open.set)
+        channel.on("message", self._on_message)
+        self.pc.on("track", self._on_track)
+        for track in (self.audio_track, self.video_track):
+            if track is not None:
+                self.pc.addTransceiver(track, direction="sendrecv")
+        if self.video_track is None:
+            self.pc.addTransceiver("video", direction="recvonly")
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        headers = {"Content-Type": "application/sdp"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            resp = await client.post(self.url, content=self.pc.localDescription.sdp, headers=headers)
+        if resp.status_code != 201:
+            await self.pc.close()
+            raise WhipError(resp.status_code, resp.text.strip(), resp.headers.get("Retry-After"))
+        self.location = str(httpx.URL(self.url).join(resp.headers["Location"]))
+        self.session_id = self.location.rstrip("/").rsplit("/", 1)[-1]
+        await self.pc.setRemoteDescription(RTCSessionDescription(resp.text, "answer"))
+        await asyncio.wait_for(self.channel_open.wait(), timeout)
+
+    async def close(self, delete: bool = True) -> int | None:
+        """End the session: ``DELETE`` its resource (returns the status) and close the connection."""
+        if self._closed:
+            return None
+        self._closed = True
+        status = None
+        if delete and self.location:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            try:
+                async with httpx.AsyncClient(timeout=5.0) as client:
+                    status = (await client.delete(self.location, headers=headers)).status_code
+            except httpx.HTTPError:
+                status = None
+        for task in self._tasks:
+            task.cancel()
+        await self.pc.close()
+        return status
+
+    async def __aenter__(self) -> WhipPeer:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- what came back ---------------------------------------------------------------------
+
+    @property
+    def t0_wall(self) -> float | None:
+        """Wall time (monotonic) at which clip time zero was sent."""
+        return self._start.wall
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        """Messages of one ``type``, in arrival order."""
+        return [e.message for e in self.events if e.type == kind]
+
+    def sent_video_wall(self, pts: float) -> float | None:
+        """Wall time at which the video frame nearest clip time ``pts`` was sent (None if not sent)."""
+        if self.video_track is None or not self.video_track.sent:
+            return None
+        best = min(self.video_track.sent, key=lambda tw: abs(tw[0] - pts))
+        return best[1] if abs(best[0] - pts) <= 1.0 / self.video_track._fps else None
+
+    def frame_images(self) -> list[np.ndarray]:
+        """The last few returned video frames as RGB arrays."""
+        return [f.to_ndarray(format="rgb24") for f in list(self.last_frames)]
+
+    async def wait_for(
+        self, kind: str, predicate: Callable[[dict[str, Any]], bool] | None = None, timeout: float = 10.0
+    ) -> dict[str, Any]:
+        """The first message of ``kind`` matching ``predicate``; TimeoutError if none arrives in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for e in self.events:
+                if e.type == kind and (predicate is None or predicate(e.message)):
+                    return e.message
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {kind!r} event within {timeout} s")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                pass
+
+    async def wait_frames(self, n: int, timeout: float = 10.0) -> int:
+        """Wait until at least ``n`` video frames came back; returns the count."""
+        deadline = time.monotonic() + timeout
+        while self.frames_received < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.frames_received} of {n} video frames within {timeout} s")
+            await asyncio.sleep(0.05)
+        return self.frames_received
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _on_message(self, data: str | bytes) -> None:
+        try:
+            message = json.loads(data)
+        except ValueError:
+            return
+        if isinstance(message, dict):
+            self.events.append(ReceivedEvent(time.monotonic(), message))
+            self._changed.set()
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "video":
+            self._tasks.append(asyncio.ensure_future(self._read_video(track)))
+        else:
+            self._tasks.append(asyncio.ensure_future(self._drain(track)))
+
+    async def _read_video(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                if self.first_frame_wall is None:
+                    self.first_frame_wall = time.monotonic()
+                self.frames_received += 1
+                self.last_frames.append(frame)
+        except (MediaStreamError, asyncio.CancelledError):
+            return
+
+    async def _drain(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                await track.recv()
+        except (MediaStreamError, asyncio.CancelledError):
+            return
