@@ -57,10 +57,12 @@ class TrackClock:
         self.sr: SenderReport | None = None
         self.last_time: float | None = None
         self.last_pts_seen = 0
+        self.sender_offset: float | None = None  # sender NTP s at aiortc pts 0
+        self._pending_sr: SenderReport | None = None
 
     @property
     def mode(self) -> str:
-        return "sender" if self.sr is not None and self.session.ntp_zero is not None else "arrival"
+        return "sender" if self.sender_offset is not None and self.session.ntp_zero is not None else "arrival"
 
     def set_origin(self, rtp: int) -> None:
         """The raw RTP timestamp of the track's first packet (frame.pts 0 in aiortc)."""
@@ -68,16 +70,25 @@ class TrackClock:
             self.origin = rtp % _WRAP
 
     def on_sender_report(self, report: SenderReport) -> None:
-        """Adopt a sender report; the first one on the session fixes the sender-clock offset."""
+        """Adopt a sender report; the first one on the session fixes the sender-clock offset.
+
+        A sender may stamp its SR with the send time of a packet rather than the capture time of its
+        RTP timestamp (aiortc does: encode time leaks in), so of all reports the one giving the
+        earliest capture time for RTP zero is kept — the least-delayed one.
+        """
+        self._pending_sr = report
         if self.origin is None or self.first_pts is None:
-            self.sr = report
+            return
+        self._pending_sr = None
+        offset = report.ntp - rtp_diff(report.rtp, self.origin) / self.rate
+        if self.sender_offset is not None and offset >= self.sender_offset:
             return
         before = self.time(self.last_pts_seen, None) if self.last_time is not None else None
+        self.sender_offset = offset
         self.sr = report
         if self.session.ntp_zero is None:
             # Keep this track continuous: its first frame keeps the session time it had.
-            anchor = self._arrival_time(self.first_pts)
-            self.session.ntp_zero = self._ntp(self.first_pts) - anchor
+            self.session.ntp_zero = self._ntp(self.first_pts) - self._arrival_time(self.first_pts)
         if before is not None:
             after = self.time(self.last_pts_seen, None)
             if abs(after - before) > 1e-3:
@@ -95,6 +106,8 @@ class TrackClock:
             self.first_arrival = arrival
             self.session._first_media(arrival)
         self.last_pts_seen = pts
+        if self._pending_sr is not None and self.origin is not None:
+            self.on_sender_report(self._pending_sr)
         if self.mode == "sender" and self.origin is not None:
             t = self._ntp(pts) - self.session.ntp_zero  # type: ignore[operator]
         else:
@@ -109,9 +122,8 @@ class TrackClock:
         return self.first_arrival - zero + (pts - self.first_pts) / self.rate
 
     def _ntp(self, pts: int) -> float:
-        assert self.sr is not None and self.origin is not None
-        raw = (self.origin + pts) % _WRAP
-        return self.sr.ntp + rtp_diff(raw, self.sr.rtp) / self.rate
+        assert self.sender_offset is not None
+        return self.sender_offset + pts / self.rate
 
 
 class SessionClock:

@@ -61,8 +61,21 @@ def test_sender_report_before_first_frame_is_kept():
     video = clock.track("video", 90_000)
     video.set_origin(0)
     video.on_sender_report(SenderReport(ntp=1.0, rtp=0))
-    assert video.time(0, arrival=3.0) == 0.0
-    assert clock.ntp_zero is None  # no offset until a report arrives with a frame to anchor
-    video.on_sender_report(SenderReport(ntp=2.0, rtp=90_000))
+    assert video.time(0, arrival=3.0) == 0.0  # the early report is applied with the first frame
     assert video.mode == "sender"
     assert video.time(45_000, None) == pytest.approx(0.5)
+
+
+def test_least_delayed_sender_report_wins():
+    """Reports stamped late (send time, not capture time) must not drag the timeline around."""
+    clock = SessionClock()
+    video = clock.track("video", 90_000)
+    video.set_origin(1000)
+    video.time(0, arrival=50.0)
+    video.on_sender_report(SenderReport(ntp=101.020, rtp=1000 + 90_000))  # 20 ms encode delay
+    t1 = video.time(180_000, None)
+    video.on_sender_report(SenderReport(ntp=102.035, rtp=1000 + 180_000))  # 35 ms: ignored
+    assert video.time(180_000, None) == pytest.approx(t1)
+    video.on_sender_report(SenderReport(ntp=103.005, rtp=1000 + 270_000))  # 5 ms: better, adopted
+    assert video.time(180_000, None) == pytest.approx(t1 - 0.015)
+    assert clock.steps == 1
