@@ -427,6 +427,8 @@ class AVOffsetEstimator:
         """Add one camera frame's observation."""
         self._frames.append(obs)
         self._latest = max(self._latest, obs.pts)
+        while self._frames and self._frames[0].pts < self._latest - self.window_s:
+            self._frames.popleft()
         if obs.flash is not None:
             onset = self._flashes.push(obs.pts, obs.flash)
             if onset is not None:
@@ -453,6 +455,8 @@ class AVOffsetEstimator:
                 break
         while self._open_clicks and self._open_clicks[0] < self._latest - 2 * self.max_pair_s - 1.0:
             self._open_clicks.popleft()
+        while self._pairs and self._pairs[0][0] < self._latest - self.window_s:
+            self._pairs.popleft()
 
     # verdict
 
