@@ -205,9 +205,11 @@ def _downscale(rgb: np.ndarray, max_side: int) -> np.ndarray:
 class FaceAUExtractor:
     """Camera frames -> ``AUSample`` / ``FaceObservation`` with one MediaPipe FaceLandmarker.
 
-    ``running_mode="video"`` tracks the face between frames (cheaper per frame; frames must come in
-    pts order, as they do in a session); ``"image"`` treats every frame on its own. Calls are
-    serialised by a lock, but for throughput give each session or thread its own extractor.
+    ``running_mode="video"`` tracks the face between frames (frames must come in pts order, as they
+    do in a session); ``"image"`` treats every frame on its own. Video mode smooths landmarks over
+    time, which delays ``mouth_open`` by about a quarter frame (~9 ms at 25 fps, bench/faces.py):
+    prefer image mode where lip motion is used as sync evidence. Calls are serialised by a lock,
+    but for throughput give each session or thread its own extractor.
     """
 
     def __init__(
