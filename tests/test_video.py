@@ -6,6 +6,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from alignment.types import AUSample, LoadEstimate, TokenRatePolicy, WordToken
 from app import testmedia
@@ -148,3 +150,22 @@ def test_bad_input_is_a_clear_error(renderer, camera):
         renderer.render(request(camera, size=(0, 360)))
     grey = renderer.render(request(camera[:, :, 0]))
     assert grey.shape == (360, 640, 3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    w=st.integers(16, 900),
+    h=st.integers(16, 600),
+    texts=st.lists(st.text(min_size=0, max_size=12), max_size=8),
+    values=st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=12, max_size=12),
+    level=st.integers(-2, 6),
+    sync_ok=st.sampled_from([True, False, None]),
+)
+def test_any_request_renders(w, h, texts, values, level, sync_ok):
+    """Whatever the words, AU values or output size, the renderer returns a frame of that size."""
+    words = tuple(WordToken(t, i * 0.1, i * 0.1 + 0.05, index=i) for i, t in enumerate(texts))
+    load = LoadEstimate(0.0, level, (0.25, 0.25, 0.25, 0.25), TokenRatePolicy(2.0, 10, 0.5))
+    req = RenderRequest(3, 0.1875, None, words, words[-1:], AUSample(0.0, tuple(values), True), load, sync_ok,
+                        size=(w, h))
+    img = OverlayRenderer().render(req)
+    assert img.shape == (h, w, 3) and img.dtype == np.uint8
