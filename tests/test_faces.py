@@ -165,3 +165,22 @@ def test_quiet_start_and_clean_exit():
     assert proc.stdout.strip() == "True"
     assert "Exception ignored" not in proc.stderr, proc.stderr
     assert "inference_feedback_manager" not in proc.stderr and "XNNPACK" not in proc.stderr, proc.stderr
+
+
+def test_one_extractor_per_thread_matches_sequential(extractor, mouth_frames):
+    """Sessions in parallel threads, each with its own extractor, see what one extractor sees."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from models.faces import load_model_bytes
+
+    assert load_model_bytes() is load_model_bytes()  # the .task bytes are read once per process
+    expected = [extractor.extract(VideoFrame(0.0, f)).au for f in mouth_frames]
+
+    def session(_: int) -> list[tuple[float, ...]]:
+        with FaceAUExtractor() as ex:
+            return [ex.extract(VideoFrame(0.0, f)).au for f in mouth_frames]
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(session, range(2)))
+    for got in results:
+        assert np.allclose(got, expected, atol=1e-4)
