@@ -1,0 +1,279 @@
+"""What one load-test peer measured, computed from what it sent (the truth) and what came back.
+
+Pure functions over plain data, so the figures can be checked without a server: the truth is the
+generated clip's exact word onsets and marker times (``app.testmedia``), looped and mapped to the
+peer's clock (zero = the instant clip time zero was sent); what came back is the list of events
+with their arrival wall times and the instants flashes were seen in the returned video.
+
+Latencies use the client's clock only (arrival wall − truth wall), so they do not depend on the
+server's session-clock zero, which lags the client's by the uplink delay. Token *times* do use the
+server clock; matching tokens to truth words estimates that lag (``clock_lag_s``) first.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from alignment.types import SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class TruthWord:
+    """One spoken word of the clip: its text and exact start/end (s, clip time)."""
+
+    text: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class ClipTruth:
+    """The clip's ground truth, everything in clip seconds; the clip repeats every ``period_s``."""
+
+    words: tuple[TruthWord, ...]
+    markers: tuple[float, ...]  # audio click times (the flashes are at marker + av_offset_s)
+    period_s: float
+    av_offset_s: float
+
+    @property
+    def utterance_end(self) -> float:
+        return self.words[-1].end if self.words else 0.0
+
+
+def normalise(word: str) -> str:
+    """Lower case, letters and digits only: how token text is compared to the script."""
+    return re.sub(r"[^a-z0-9']", "", word.lower()).strip("'")
+
+
+def word_ends(samples: np.ndarray, starts: Sequence[float], rel_threshold: float = 0.03) -> list[float]:
+    """Each word's end: the last 10 ms of energy above ``rel_threshold``·peak before the next onset."""
+    hop = SAMPLE_RATE // 100
+    n = len(samples) // hop
+    if n == 0:
+        return [s for s in starts]
+    rms = np.sqrt(np.mean(samples[: n * hop].reshape(n, hop).astype(np.float64) ** 2, axis=1))
+    active = rms > rel_threshold * (rms.max() or 1.0)
+    ends = []
+    for i, s in enumerate(starts):
+        lo = int(s * 100)
+        hi = int(starts[i + 1] * 100) if i + 1 < len(starts) else n
+        idx = np.nonzero(active[lo:hi])[0]
+        ends.append((lo + idx[-1] + 1) / 100.0 if idx.size else (hi / 100.0))
+    return ends
+
+
+def clip_truth(clip: Any) -> ClipTruth:
+    """Ground truth of an ``app.testmedia.AVClip`` (speech without the clicks decides word ends)."""
+    starts = [w.start for w in clip.words]
+    audio = np.asarray(clip.audio, np.float32)
+    ends = word_ends(audio, starts)
+    words = tuple(
+        TruthWord(normalise(w.text), w.start, max(e, w.start + 0.05)) for w, e in zip(clip.words, ends, strict=True)
+    )
+    return ClipTruth(words, tuple(clip.markers), len(audio) / SAMPLE_RATE, float(clip.av_offset_s))
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (linear interpolation), None for no values."""
+    if not values:
+        return None
+    return float(np.quantile(np.asarray(values, dtype=np.float64), q))
+
+
+def sigma_windows(intervals: Sequence[float], window: int = 8) -> list[float]:
+    """Population σ of every sliding window of ``window`` intervals (the LST jitter figure)."""
+    return [statistics.pstdev(intervals[i - window : i]) for i in range(window, len(intervals) + 1)]
+
+
+@dataclass(frozen=True)
+class WordLatency:
+    """One truth word occurrence and when its token first (and finally) arrived, client clock."""
+
+    text: str
+    start: float  # truth, peer clock (s since clip zero was sent)
+    end: float
+    token_start: float | None  # the token's start as the server stamped it (server clock)
+    first_s: float | None  # first arrival (interim or final), peer clock
+    final_s: float | None  # first final arrival, peer clock
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.first_s is None else self.first_s - self.end
+
+    @property
+    def final_latency_s(self) -> float | None:
+        return None if self.final_s is None else self.final_s - self.end
+
+
+def truth_occurrences(truth: ClipTruth, until_s: float) -> list[tuple[int, TruthWord]]:
+    """Every (repetition, word) of the looped clip that ended before ``until_s`` (peer clock)."""
+    out = []
+    reps = int(until_s // truth.period_s) + 1 if truth.period_s > 0 else 1
+    for r in range(reps):
+        base = r * truth.period_s
+        for w in truth.words:
+            if base + w.end <= until_s:
+                out.append((r, TruthWord(w.text, base + w.start, base + w.end)))
+    return out
+
+
+def match_tokens(
+    truth: ClipTruth, tokens: Iterable[tuple[float, dict[str, Any]]], until_s: float, tolerance_s: float = 0.45
+) -> tuple[list[WordLatency], float | None, int]:
+    """Match token events ``(arrival peer-clock s, message)`` to truth words.
+
+    Returns the per-word latencies, the estimated server clock lag (truth start − token start,
+    median) and how many distinct tokens matched no word (insertions / misrecognitions).
+    """
+    occ = [w for _, w in truth_occurrences(truth, until_s)]
+    toks = [(t, m) for t, m in tokens if isinstance(m.get("start"), (int, float))]
+    half = max(truth.period_s / 2.0, 0.5)
+
+    def nearest(text: str, start: float, lag: float, window: float) -> int | None:
+        best, best_d = None, window
+        for i, w in enumerate(occ):
+            if w.text == text:
+                d = abs(w.start - (start + lag))
+                if d <= best_d:
+                    best, best_d = i, d
+        return best
+
+    diffs = []
+    for _, m in toks:
+        i = nearest(normalise(str(m.get("text", ""))), float(m["start"]), 0.0, half)
+        if i is not None:
+            diffs.append(occ[i].start - float(m["start"]))
+    lag = float(statistics.median(diffs)) if diffs else None
+    first: dict[int, float] = {}
+    final: dict[int, float] = {}
+    tstart: dict[int, float] = {}
+    unmatched: set[tuple[Any, Any]] = set()
+    for t, m in toks:
+        i = nearest(normalise(str(m.get("text", ""))), float(m["start"]), lag or 0.0, tolerance_s)
+        if i is None:
+            unmatched.add((m.get("utterance"), m.get("index"), m.get("start")))
+            continue
+        first[i] = min(first.get(i, math.inf), t)
+        tstart.setdefault(i, float(m["start"]))
+        if m.get("final", True):
+            final[i] = min(final.get(i, math.inf), t)
+    words = [
+        WordLatency(w.text, w.start, w.end, tstart.get(i), first.get(i), final.get(i)) for i, w in enumerate(occ)
+    ]
+    return words, lag, len(unmatched)
+
+
+def ttft_and_itl(
+    truth: ClipTruth, responses: Sequence[tuple[float, dict[str, Any]]], until_s: float
+) -> dict[str, Any]:
+    """TTFT per utterance (truth utterance end → first ``response`` token), ITL and jitter σ8.
+
+    Response tokens are grouped by their ``utterance``; a group's TTFT counts from the latest
+    truth utterance end before its first token.
+    """
+    ends = [r * truth.period_s + truth.utterance_end for r in range(int(until_s // truth.period_s) + 1)]
+    groups: dict[Any, list[float]] = {}
+    for t, m in responses:
+        groups.setdefault(m.get("utterance"), []).append(t)
+    ttft, itl, sigmas = [], [], []
+    for arrivals in groups.values():
+        arrivals.sort()
+        before = [e for e in ends if e <= arrivals[0] + 0.2]
+        if before:
+            ttft.append(arrivals[0] - before[-1])
+        gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+        itl.extend(gaps)
+        sigmas.extend(sigma_windows(gaps))
+    return {
+        "utterances": len(groups),
+        "ttft_ms": [round(x * 1000, 1) for x in ttft],
+        "ttft_ms_p50": _ms(quantile(ttft, 0.5)),
+        "ttft_ms_p99": _ms(quantile(ttft, 0.99)),
+        "itl_ms_p50": _ms(quantile(itl, 0.5)),
+        "itl_ms_max": _ms(max(itl) if itl else None),
+        "jitter_ms_max": _ms(max(sigmas) if sigmas else None),
+        "jitter_ms_p50": _ms(quantile(sigmas, 0.5)),
+    }
+
+
+def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Level-3 figures from ``sync`` events: pass rate, deltas, the A/V offset the server saw."""
+    n = len(syncs)
+    ok = sum(bool(s.get("ok")) for s in syncs)
+    deltas = [float(s["max_delta_ms"]) for s in syncs if isinstance(s.get("max_delta_ms"), (int, float))]
+    av = [
+        (float(s["video"]) - float(s["audio"])) * 1000.0
+        for s in syncs
+        if isinstance(s.get("video"), (int, float)) and isinstance(s.get("audio"), (int, float))
+    ]
+    evidence: dict[str, int] = {}
+    for s in syncs:
+        key = str(s.get("evidence", "assigned"))
+        evidence[key] = evidence.get(key, 0) + 1
+    return {
+        "checks": n,
+        "ok": ok,
+        "pass_rate": round(ok / n, 4) if n else None,
+        "max_delta_ms_p50": _round(quantile(deltas, 0.5)),
+        "max_delta_ms_p95": _round(quantile(deltas, 0.95)),
+        "video_minus_audio_ms_p50": _round(quantile(av, 0.5)),
+        "evidence": evidence,
+        # An injected offset is "caught" when most checks fail: the validator saw video off the audio.
+        "flagged": bool(n) and (n - ok) / n >= 0.5,
+    }
+
+
+def flash_lags(
+    truth: ClipTruth, flashes: Sequence[float], until_s: float, window_s: float = 3.0
+) -> list[float]:
+    """For each sent click (peer clock), how long until a flash was seen in the returned video (s).
+
+    A clean stream's lag is the server's output delay plus transport; an injected offset adds to it.
+    """
+    out = []
+    seen = sorted(flashes)
+    reps = int(until_s // truth.period_s) + 1 if truth.period_s > 0 else 1
+    j = 0
+    for r in range(reps):
+        for m in truth.markers:
+            click = r * truth.period_s + m
+            if click + window_s > until_s:
+                continue
+            while j < len(seen) and seen[j] < click:
+                j += 1
+            if j < len(seen) and seen[j] - click <= window_s:
+                out.append(seen[j] - click)
+                j += 1
+    return out
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000.0, 1)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> dict[str, Any]:
+    """p50/p95/max of word→token latency (first and final), recall; words before ``settle_s`` skipped."""
+    ws = [w for w in words if w.start >= settle_s]
+    first = [w.latency_s for w in ws if w.latency_s is not None]
+    final = [w.final_latency_s for w in ws if w.final_latency_s is not None]
+    return {
+        "words": len(ws),
+        "matched": len(first),
+        "recall": round(len(first) / len(ws), 4) if ws else None,
+        "latency_ms_p50": _ms(quantile(first, 0.5)),
+        "latency_ms_p95": _ms(quantile(first, 0.95)),
+        "latency_ms_max": _ms(max(first) if first else None),
+        "final_latency_ms_p50": _ms(quantile(final, 0.5)),
+        "final_latency_ms_p95": _ms(quantile(final, 0.95)),
+    }

@@ -1,0 +1,704 @@
+"""`synchrony loadtest`: N simulated WebRTC peers against a live server, with optional network faults.
+
+Each peer is an ``app.peer.WhipPeer`` sending a real generated A/V stream (talking face, espeak
+speech with exact word times, flash/click sync markers, optionally an injected A/V offset), looped,
+and recording what comes back: events (tokens, sync, response, lst) and the returned video, in which
+it looks for the flashes. ``app.netem`` impairs each peer's datagrams both ways if asked.
+
+Peers are spread over worker processes (one asyncio loop each), so the clients use both cores the
+way real remote clients would not; the report shows the client CPU next to the server's so the
+reader can judge. Everything is bounded: peer count (``--peers`` ≤ ``MAX_PEERS``), every wait has a
+deadline, a ramp (``--find-max``) has a maximum number of rounds, and the run stops by itself.
+
+Only loopback targets are accepted: this tool generates load, and must not be pointed elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import multiprocessing as mp
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from app import loadmetrics as lm
+
+log = logging.getLogger("synchrony.loadtest")
+
+MAX_PEERS = 64
+MAX_WORKERS = 8
+MAX_ROUNDS = 12
+EXIT_OK, EXIT_BOUND, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
+
+#: The bounds a round must meet to count as "sustained".
+P95_BOUND_MS = 1000.0
+L3_BOUND = 0.99
+RECALL_BOUND = 0.8
+
+DEFAULT_TEXT = "the quick brown fox jumps over the lazy dog"
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """One simulated peer: which worker runs it, when it starts, its A/V offset and network."""
+
+    index: int
+    worker: int
+    start_s: float
+    offset_ms: float = 0.0
+    netem: str = "clean"
+
+
+@dataclass(frozen=True)
+class RoundConfig:
+    """What every peer of one round shares."""
+
+    url: str
+    duration_s: float = 20.0
+    connect_timeout_s: float = 20.0
+    text: str = DEFAULT_TEXT
+    video_size: tuple[int, int] = (640, 360)
+    fps: float = 25.0
+    seed: int = 0
+    token: str | None = None
+    settle_s: float = 1.0  # words starting before this (peer clock) are not scored: the link is warming up
+    tail_s: float = 3.0  # words ending in the last tail_s are not scored: their tokens may still be on the way
+
+
+def check_loopback_url(url: str) -> str:
+    """The WHIP endpoint URL if its host is loopback; ValueError otherwise (this tool makes load)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or 80, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot resolve {parts.hostname!r}: {exc}") from exc
+    addrs = {info[4][0] for info in infos}
+    if not addrs or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+        raise ValueError(f"refusing non-loopback target {parts.hostname!r} ({', '.join(sorted(addrs))}): "
+                         "load tests only run against this machine")
+    path = parts.path if parts.path.rstrip("/").endswith("whip") else parts.path.rstrip("/") + "/whip"
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def base_url(whip_url: str) -> str:
+    parts = urlsplit(whip_url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+# --- the clip each peer sends -------------------------------------------------------------------
+
+def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: float) -> Any:
+    """A talking-face clip with sync markers whose audio and video loop seamlessly.
+
+    Its duration is a whole number of video frames and of 20 ms audio frames, so looping it never
+    drifts audio against video. Markers: one in the lead-in, one in the tail.
+    """
+    from alignment.types import SAMPLE_RATE
+    from app import testmedia
+
+    step = int(SAMPLE_RATE / fps)  # samples per video frame (640 at 25 fps: also 2 × 20 ms)
+    speech = testmedia.synthesize_speech(text, lead_in_s=0.6)
+    total = int(np.ceil((len(speech.samples) + 0.6 * SAMPLE_RATE) / step) * step)
+    tail_s = (total - len(speech.samples) + 0.5) / SAMPLE_RATE
+    duration = total / SAMPLE_RATE
+    markers = (0.25, round(duration - 0.3, 3))
+    clip = testmedia.make_av_clip(text, fps=fps, size=size, lead_in_s=0.6, tail_s=tail_s, markers=markers,
+                                  av_offset_s=offset_ms / 1000.0)
+    audio = clip.audio[:total]
+    if len(audio) < total:
+        audio = np.concatenate([audio, np.zeros(total - len(audio), np.float32)])
+    n_frames = total // step
+    frames = list(clip.frames[:n_frames])
+    while len(frames) < n_frames:
+        frames.append(frames[-1])
+    return replace(clip, audio=audio, frames=frames)
+
+
+# --- one peer -----------------------------------------------------------------------------------
+
+def _flash_region_mean(frame: Any) -> float:
+    """Mean luma of the top-left corner strip the renderer leaves uncovered (where flashes are)."""
+    plane = frame.planes[0]
+    h, w = frame.height, frame.width
+    rows, cols = max(int(h * 0.012), 2), max(int(w * 0.06), 8)
+    y = np.frombuffer(bytes(plane), np.uint8).reshape(-1, plane.line_size)[:rows, :cols]
+    return float(y.mean())
+
+
+def _make_peer_class() -> type:
+    """A WhipPeer that also watches the returned video for flashes (imported lazily: aiortc is heavy)."""
+    from aiortc.mediastreams import MediaStreamError
+
+    from app.peer import WhipPeer
+
+    class MeasuredPeer(WhipPeer):
+        """Records the arrival wall time of every flash seen in the returned video."""
+
+        flash_threshold = 140.0
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.flash_walls: list[float] = []
+            self.frame_walls: list[float] = []
+            self._lit = False
+
+        async def _read_video(self, track: Any) -> None:
+            try:
+                while True:
+                    frame = await track.recv()
+                    now = time.monotonic()
+                    if self.first_frame_wall is None:
+                        self.first_frame_wall = now
+                    self.frames_received += 1
+                    self.last_frames.append(frame)
+                    if len(self.frame_walls) < 100_000:
+                        self.frame_walls.append(now)
+                    lit = _flash_region_mean(frame) > self.flash_threshold
+                    if lit and not self._lit and len(self.flash_walls) < 10_000:
+                        self.flash_walls.append(now)
+                    self._lit = lit
+            except (MediaStreamError, asyncio.CancelledError):
+                return
+
+    return MeasuredPeer
+
+
+async def run_peer(spec: PeerSpec, cfg: RoundConfig, clip: Any, truth: lm.ClipTruth) -> dict[str, Any]:
+    """Connect, stream for ``cfg.duration_s``, close; return what this peer measured (JSON-safe)."""
+    from app.netem import NetemLink, parse_profile
+    from app.peer import WhipError
+
+    result: dict[str, Any] = {"index": spec.index, "worker": spec.worker, "offset_ms": spec.offset_ms,
+                              "netem": spec.netem, "connected": False, "error": None}
+    await asyncio.sleep(spec.start_s)
+    cls = _make_peer_class()
+    peer = cls(cfg.url, clip, token=cfg.token, loop=True)
+    profile = parse_profile(spec.netem)
+    link = None
+    if not profile.is_clean:
+        link = NetemLink(profile, seed=cfg.seed * 1009 + spec.index)
+        # The ICE transports exist once gathering starts (inside connect): hook them before media flows.
+        peer.pc.on("icegatheringstatechange", lambda: link.attach_pc(peer.pc))
+    t_connect = time.monotonic()
+    try:
+        await asyncio.wait_for(peer.connect(timeout=cfg.connect_timeout_s), cfg.connect_timeout_s + 5)
+        result["connected"] = True
+        result["connect_ms"] = round((time.monotonic() - t_connect) * 1000, 1)
+        end = time.monotonic() + cfg.duration_s
+        while time.monotonic() < end and peer.pc.connectionState not in ("failed", "closed"):
+            await asyncio.sleep(min(0.5, max(end - time.monotonic(), 0.0)))
+        if peer.pc.connectionState in ("failed", "closed"):
+            result["error"] = f"connection {peer.pc.connectionState} during the run"
+    except WhipError as exc:
+        result["error"] = f"WHIP {exc.status}: {exc.detail[:200]}"
+    except (TimeoutError, OSError, ConnectionError) as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    except Exception as exc:  # noqa: BLE001 - one peer failing must not end the others' run
+        result["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        t_end = time.monotonic()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(peer.close(), 10)
+    if link is not None:
+        result["netem_stats"] = link.stats()
+    t0 = peer.t0_wall
+    if not result["connected"] or t0 is None:
+        return result
+    result.update(peer_figures(peer, truth, t0, t_end, cfg, spec))
+    return result
+
+
+def peer_figures(peer: Any, truth: lm.ClipTruth, t0: float, t_end: float, cfg: RoundConfig,
+                 spec: PeerSpec) -> dict[str, Any]:
+    """Turn one peer's raw record into figures on its own clock (zero = clip time zero sent)."""
+    run_s = t_end - t0
+    until = run_s - cfg.tail_s
+    events = [(e.wall - t0, e.message) for e in peer.events]
+    counts: dict[str, int] = {}
+    for _, m in events:
+        counts[str(m.get("type"))] = counts.get(str(m.get("type")), 0) + 1
+    tokens = [(t, m) for t, m in events if m.get("type") == "token"]
+    words, lag, unmatched = lm.match_tokens(truth, tokens, until)
+    syncs = [m for _, m in events if m.get("type") == "sync"]
+    responses = [(t, m) for t, m in events if m.get("type") == "response"]
+    hello = next((m for _, m in events if m.get("type") == "hello"), None)
+    lst = [m for _, m in events if m.get("type") == "lst"]
+    lags = lm.flash_lags(truth, [w - t0 for w in peer.flash_walls], run_s)
+    frames = [w - t0 for w in peer.frame_walls]
+    scored = [w for w in words if w.start >= cfg.settle_s]
+    return {
+        "run_s": round(run_s, 3),
+        "events": counts,
+        "hello": {k: hello.get(k) for k in ("version", "fps", "output_delay_s", "stages")} if hello else None,
+        "clock_lag_ms": None if lag is None else round(lag * 1000, 1),
+        "unmatched_tokens": unmatched,
+        "latency": lm.summarise_latencies(words, cfg.settle_s),
+        "words": [[round(w.start, 3), round(w.end, 3), _r(w.first_s), _r(w.final_s), w.text] for w in scored],
+        "tokens": [[_r(t), m.get("text"), m.get("start"), m.get("end"), bool(m.get("final")), m.get("utterance"),
+                    m.get("index")] for t, m in tokens[:5000]],
+        "responses": lm.ttft_and_itl(truth, responses, until),
+        "level3": lm.level3(syncs),
+        "sync_timeline": [[_r(t), m.get("max_delta_ms"), bool(m.get("ok"))] for t, m in events
+                          if m.get("type") == "sync"],
+        "lst_last": lst[-1] if lst else None,
+        "frames_received": peer.frames_received,
+        "video_fps": round(len(frames) / (frames[-1] - frames[0]), 2) if len(frames) > 1 else None,
+        "first_video_ms": None if peer.first_frame_wall is None else round((peer.first_frame_wall - t0) * 1000, 1),
+        "frames_per_s": np.bincount(np.asarray([int(f) for f in frames if f >= 0], int)).tolist() if frames else [],
+        "flashes_seen": len(peer.flash_walls),
+        "flash_lag_ms": [round(x * 1000, 1) for x in lags],
+        "flash_lag_ms_p50": None if not lags else round(float(np.median(lags)) * 1000, 1),
+    }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+# --- worker processes ---------------------------------------------------------------------------
+
+def _worker_main(worker: int, specs: list[PeerSpec], cfg: RoundConfig, out: Any) -> None:
+    """One worker process: run its peers in one asyncio loop and put their results on ``out``."""
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        results = asyncio.run(_run_peers(specs, cfg))
+        out.put({"worker": worker, "peers": results, "cpu_s": _own_cpu_s()})
+    except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
+        out.put({"worker": worker, "error": f"{type(exc).__name__}: {exc}", "peers": []})
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return round(t.user + t.system, 2)
+
+
+async def _run_peers(specs: list[PeerSpec], cfg: RoundConfig) -> list[dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    clips: dict[float, tuple[Any, lm.ClipTruth]] = {}
+    for offset in sorted({s.offset_ms for s in specs}):
+        clip = await loop.run_in_executor(None, make_loop_clip, cfg.text, offset, cfg.video_size, cfg.fps)
+        clips[offset] = (clip, lm.clip_truth(clip))
+    tasks = [run_peer(s, cfg, *clips[s.offset_ms]) for s in specs]
+    return list(await asyncio.gather(*tasks))
+
+
+class CpuSampler:
+    """Samples CPU % of the server process tree and of the load-test workers every ``period_s``."""
+
+    def __init__(self, server_pid: int | None, period_s: float = 0.5, max_samples: int = 20_000) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.server = psutil.Process(server_pid) if server_pid else None
+        self.workers: list[Any] = []
+        self.period_s = period_s
+        self.max_samples = max_samples
+        self.samples: list[tuple[float, float | None, float, float]] = []  # (t, server %, clients %, machine %)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._t0 = time.monotonic()
+        self._tree: dict[int, Any] = {}
+
+    def _tree_percent(self) -> float | None:
+        if self.server is None:
+            return None
+        try:
+            procs = [self.server, *self.server.children(recursive=True)]
+        except self._psutil.Error:
+            return None
+        total = 0.0
+        for p in procs:
+            cached = self._tree.setdefault(p.pid, p)
+            with contextlib.suppress(self._psutil.Error):
+                total += cached.cpu_percent(None)
+        return total
+
+    def _workers_percent(self) -> float:
+        total = 0.0
+        for p in self.workers:
+            with contextlib.suppress(self._psutil.Error):
+                total += p.cpu_percent(None)
+        return total
+
+    def _run(self) -> None:
+        self._tree_percent()
+        self._psutil.cpu_percent(None)
+        while not self._stop.wait(self.period_s) and len(self.samples) < self.max_samples:
+            self.samples.append((round(time.monotonic() - self._t0, 2), _round1(self._tree_percent()),
+                                 round(self._workers_percent(), 1), self._psutil.cpu_percent(None)))
+
+    def add_worker(self, pid: int) -> None:
+        with contextlib.suppress(self._psutil.Error):
+            p = self._psutil.Process(pid)
+            p.cpu_percent(None)
+            self.workers.append(p)
+
+    def start(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[float, float | None, float, float]]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return list(self.samples)
+
+
+def _round1(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def plan_peers(n: int, workers: int, stagger_s: float, offsets: dict[int, float], netem: str,
+               netem_peers: set[int] | None = None) -> list[PeerSpec]:
+    """Spread ``n`` peers round-robin over ``workers``; peer i starts ``i·stagger_s`` after the round."""
+    return [PeerSpec(i, i % workers, round(i * stagger_s, 3), offsets.get(i, 0.0),
+                     netem if netem_peers is None or i in netem_peers else "clean") for i in range(n)]
+
+
+def run_round(specs: list[PeerSpec], cfg: RoundConfig, server_pid: int | None) -> dict[str, Any]:
+    """Run one round of peers in worker processes; returns per-peer results, aggregates and CPU."""
+    ctx = mp.get_context("spawn")
+    workers = sorted({s.worker for s in specs})
+    out = ctx.Queue(maxsize=len(workers) + 1)
+    sampler = CpuSampler(server_pid).start()
+    procs = []
+    t_start = time.monotonic()
+    for w in workers:
+        p = ctx.Process(target=_worker_main, args=(w, [s for s in specs if s.worker == w], cfg, out),
+                        name=f"loadtest-worker-{w}", daemon=True)
+        p.start()
+        sampler.add_worker(p.pid)
+        procs.append(p)
+    # Deadline: the last peer's start + connect + run + close, plus time to build clips and report.
+    deadline = t_start + max(s.start_s for s in specs) + cfg.connect_timeout_s + cfg.duration_s + 60.0
+    results: list[dict[str, Any]] = []
+    worker_cpu: dict[int, float] = {}
+    errors: list[str] = []
+    pending = set(workers)
+    while pending and time.monotonic() < deadline:
+        try:
+            msg = out.get(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                break
+            continue
+        pending.discard(msg["worker"])
+        results.extend(msg["peers"])
+        if "cpu_s" in msg:
+            worker_cpu[msg["worker"]] = msg["cpu_s"]
+        if msg.get("error"):
+            errors.append(f"worker {msg['worker']}: {msg['error']}")
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=5)
+    if pending:
+        errors.append(f"workers {sorted(pending)} gave no result before the deadline (terminated)")
+    cpu = sampler.stop()
+    wall = time.monotonic() - t_start
+    seen = {r["index"] for r in results}
+    for s in specs:
+        if s.index not in seen:
+            results.append({"index": s.index, "worker": s.worker, "offset_ms": s.offset_ms, "netem": s.netem,
+                            "connected": False, "error": "no result (worker failed or timed out)"})
+    results.sort(key=lambda r: r["index"])
+    return {"peers": results, "aggregate": aggregate(results), "cpu": cpu, "errors": errors,
+            "wall_s": round(wall, 1), "worker_cpu_s": worker_cpu}
+
+
+def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Round figures: pooled word→token latency, Level-3 pass over clean peers, offset detection."""
+    first, final = [], []
+    words = matched = 0
+    l3_ok = l3_n = 0
+    ttft: list[float] = []
+    jitter: list[float] = []
+    for r in results:
+        for w in r.get("words", []):
+            words += 1
+            if w[2] is not None:
+                matched += 1
+                first.append(w[2] - w[1])
+            if w[3] is not None:
+                final.append(w[3] - w[1])
+        l3 = r.get("level3") or {}
+        if not r.get("offset_ms") and l3.get("checks"):
+            l3_ok += l3["ok"]
+            l3_n += l3["checks"]
+        resp = r.get("responses") or {}
+        ttft.extend(resp.get("ttft_ms") or [])
+        if resp.get("jitter_ms_max") is not None:
+            jitter.append(resp["jitter_ms_max"])
+    injected = [r for r in results if r.get("offset_ms")]
+    clean = [r for r in results if not r.get("offset_ms") and r.get("connected")]
+    agg = {
+        "peers": len(results),
+        "connected": sum(bool(r.get("connected")) for r in results),
+        "failed": [r["index"] for r in results if r.get("error")],
+        "words": words,
+        "matched": matched,
+        "recall": round(matched / words, 4) if words else None,
+        "latency_ms_p50": _ms(lm.quantile(first, 0.5)),
+        "latency_ms_p95": _ms(lm.quantile(first, 0.95)),
+        "final_latency_ms_p95": _ms(lm.quantile(final, 0.95)),
+        "level3_checks": l3_n,
+        "level3_pass_rate": round(l3_ok / l3_n, 4) if l3_n else None,
+        "ttft_ms_p50": lm.quantile(ttft, 0.5),
+        "ttft_ms_p99": lm.quantile(ttft, 0.99),
+        "jitter_ms_max": max(jitter) if jitter else None,
+        "offset_peers_flagged": sum(bool((r.get("level3") or {}).get("flagged")) for r in injected),
+        "offset_peers": len(injected),
+        "clean_peers_flagged": sum(bool((r.get("level3") or {}).get("flagged")) for r in clean),
+    }
+    agg["bounds"] = check_bounds(agg)
+    return agg
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000.0, 1)
+
+
+def check_bounds(agg: dict[str, Any]) -> dict[str, Any]:
+    """Which of the sustain bounds a round met (p95 word→token, Level-3 pass, recall, all connected)."""
+    p95, l3, recall = agg["latency_ms_p95"], agg["level3_pass_rate"], agg["recall"]
+    checks = {
+        f"p95 word->token <= {P95_BOUND_MS:.0f} ms": p95 is not None and p95 <= P95_BOUND_MS,
+        f"Level-3 pass >= {L3_BOUND:.0%}": l3 is not None and l3 >= L3_BOUND,
+        f"word recall >= {RECALL_BOUND:.0%}": recall is not None and recall >= RECALL_BOUND,
+        "all peers connected": agg["connected"] == agg["peers"] and not agg["failed"],
+    }
+    return {"ok": all(checks.values()), "checks": checks}
+
+
+# --- server -------------------------------------------------------------------------------------
+
+class SpawnedServer:
+    """``synchrony serve`` in a subprocess on 127.0.0.1 and a free port, logging to a file."""
+
+    def __init__(self, max_sessions: int, log_path: Path, extra: list[str] | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/whip"
+        self.log_path = log_path
+        cmd = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "serve",
+               "--host", "127.0.0.1", "--port", str(self.port), "--max-sessions", str(max_sessions),
+               *(extra or [])]
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 180.0) -> dict[str, Any]:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path}")
+            try:
+                r = httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2.0)
+                if r.status_code == 200:
+                    return r.json()
+                last = r.text[:200]
+            except httpx.HTTPError as exc:
+                last = str(exc)
+            time.sleep(0.5)
+        raise TimeoutError(f"server not ready within {timeout_s:.0f} s ({last}); log: {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self._log.close()
+
+
+def local_server_pid(url: str) -> int | None:
+    """The pid listening on the URL's port on this machine, if psutil may see it."""
+    import psutil
+
+    port = urlsplit(url).port or 80
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return int(c.pid)
+    except (psutil.Error, PermissionError):
+        return None
+    return None
+
+
+# --- command line -------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="synchrony loadtest", description=__doc__.splitlines()[0])
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="WHIP endpoint of a running server (loopback only), e.g. "
+                        "http://127.0.0.1:8000/whip")
+    target.add_argument("--spawn-server", action="store_true", help="start `synchrony serve` on 127.0.0.1 first")
+    p.add_argument("--peers", type=int, default=2, help=f"simulated peers (1..{MAX_PEERS}; start of the ramp "
+                   "with --find-max)")
+    p.add_argument("--workers", type=int, default=2, help=f"worker processes (1..{MAX_WORKERS})")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds each peer streams (5..600)")
+    p.add_argument("--stagger", type=float, default=0.5, help="seconds between peer starts")
+    p.add_argument("--netem", default="clean", help="network impairment for every peer: a scenario "
+                   "(clean, loss5, burst5, link-jitter, stepwise, first-frame-block, ...) or key=value pairs, "
+                   "e.g. loss=5%%,delay=40ms")
+    p.add_argument("--offset-ms", type=float, default=0.0, help="inject this A/V offset (video late +) ...")
+    p.add_argument("--offset-peers", type=int, default=0, help="... into this many peers (the last ones)")
+    p.add_argument("--find-max", action="store_true", help="ramp peers until a bound breaks; report the most "
+                   "sustained")
+    p.add_argument("--step", type=int, default=2, help="peers added per ramp round")
+    p.add_argument("--max-peers", type=int, default=16, help="stop the ramp here")
+    p.add_argument("--max-sessions", type=int, default=0, help="--spawn-server: session limit (default: enough)")
+    p.add_argument("--server-arg", action="append", default=[], help="extra argument for the spawned server")
+    p.add_argument("--text", default=DEFAULT_TEXT, help="the sentence every peer speaks (looped)")
+    p.add_argument("--video-size", default="640x360", help="WxH of the video peers send")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--token", default=os.environ.get("SYNCHRONY_TOKEN"), help="bearer token for /whip")
+    p.add_argument("--out", default="loadtest-out", help="directory for report.json and report.html")
+    return p
+
+
+def _validate(args: argparse.Namespace) -> None:
+    from app.netem import parse_profile
+
+    if not 1 <= args.peers <= MAX_PEERS:
+        raise ValueError(f"--peers must be 1..{MAX_PEERS}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be 1..{MAX_WORKERS}")
+    if not 5.0 <= args.duration <= 600.0:
+        raise ValueError("--duration must be 5..600 s")
+    if not 0.0 <= args.stagger <= 10.0:
+        raise ValueError("--stagger must be 0..10 s")
+    if not 0 <= args.offset_peers <= args.peers:
+        raise ValueError("--offset-peers must be 0..--peers")
+    if args.find_max and not (1 <= args.step and args.peers <= args.max_peers <= MAX_PEERS):
+        raise ValueError(f"--find-max needs --step >= 1 and --peers <= --max-peers <= {MAX_PEERS}")
+    if abs(args.offset_ms) > 2000:
+        raise ValueError("--offset-ms must be within ±2000")
+    parse_profile(args.netem)
+    w, h = (int(x) for x in args.video_size.lower().split("x", 1))
+    if not (64 <= w <= 1920 and 64 <= h <= 1080 and w % 2 == 0 and h % 2 == 0):
+        raise ValueError("--video-size must be even WxH between 64x64 and 1920x1080")
+    args.size = (w, h)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``synchrony loadtest``; returns 0 if the bounds held, 1 if not, 2/3 on errors."""
+    from app import loadreport
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        _validate(args)
+        url = None if args.spawn_server else check_loopback_url(args.url)
+    except ValueError as exc:
+        print(f"synchrony loadtest: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = "synchrony loadtest " + " ".join(sys.argv[1:] if argv is None else argv)
+    server = None
+    server_info: dict[str, Any] = {}
+    try:
+        if args.spawn_server:
+            top = args.max_peers if args.find_max else args.peers
+            server = SpawnedServer(args.max_sessions or top + 2, out_dir / "server.log", args.server_arg)
+            print(f"starting server on 127.0.0.1:{server.port} (log: {server.log_path}) ...", flush=True)
+            try:
+                server_info = server.wait_ready()
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"synchrony loadtest: {exc}", file=sys.stderr)
+                return EXIT_SERVER
+            url, pid = server.url, server.proc.pid
+        else:
+            pid = local_server_pid(url)
+        cfg = RoundConfig(url=url, duration_s=args.duration, text=args.text, video_size=args.size,
+                          seed=args.seed, token=args.token)
+        report = run_plan(args, cfg, pid)
+    finally:
+        if server is not None:
+            server.stop()
+    report.update({"command": command, "url": url, "server_pid": pid, "server_ready": server_info,
+                   "machine": machine_info()})
+    json_path, html_path = loadreport.write_report(report, out_dir)
+    print(loadreport.text_summary(report))
+    print(f"report: {json_path}  {html_path}")
+    return EXIT_OK if report["result"]["ok"] else EXIT_BOUND
+
+
+def run_plan(args: argparse.Namespace, cfg: RoundConfig, pid: int | None) -> dict[str, Any]:
+    """One round, or a ramp (``--find-max``) of at most ``MAX_ROUNDS`` rounds."""
+    rounds = []
+    sustained = 0
+    n = args.peers
+    for _ in range(MAX_ROUNDS if args.find_max else 1):
+        offsets = {i: args.offset_ms for i in range(n - args.offset_peers, n)} if args.offset_peers else {}
+        specs = plan_peers(n, min(args.workers, n), args.stagger, offsets, args.netem)
+        print(f"round: {n} peers, netem={args.netem}, {cfg.duration_s:.0f} s ...", flush=True)
+        rnd = run_round(specs, replace(cfg, seed=cfg.seed + len(rounds)), pid)
+        rnd["n_peers"] = n
+        rounds.append(rnd)
+        agg = rnd["aggregate"]
+        print(f"  p95 word->token {agg['latency_ms_p95']} ms, Level-3 pass {agg['level3_pass_rate']}, "
+              f"recall {agg['recall']}, connected {agg['connected']}/{agg['peers']}: "
+              f"{'PASS' if agg['bounds']['ok'] else 'FAIL'}", flush=True)
+        if not args.find_max:
+            break
+        if not agg["bounds"]["ok"]:
+            break
+        sustained = n
+        if n >= args.max_peers:
+            break
+        n = min(n + args.step, args.max_peers)
+        time.sleep(2.0)  # let the server tear the previous sessions down
+    if args.find_max:
+        result = {"ok": sustained > 0, "peers_sustained": sustained,
+                  "bound_broke_at": None if rounds[-1]["aggregate"]["bounds"]["ok"] else rounds[-1]["n_peers"]}
+    else:
+        agg = rounds[0]["aggregate"]
+        ok = agg["bounds"]["ok"] if not args.offset_peers else (
+            agg["offset_peers_flagged"] == agg["offset_peers"] and agg["clean_peers_flagged"] == 0)
+        result = {"ok": ok, "bounds": agg["bounds"]}
+        if args.offset_peers:
+            result["detection"] = {"offset_ms": args.offset_ms, "flagged": agg["offset_peers_flagged"],
+                                   "of": agg["offset_peers"], "clean_flagged": agg["clean_peers_flagged"]}
+    return {"config": {**asdict(cfg), "peers": args.peers, "workers": args.workers, "netem": args.netem,
+                       "offset_ms": args.offset_ms, "offset_peers": args.offset_peers,
+                       "find_max": args.find_max, "stagger_s": args.stagger},
+            "rounds": rounds, "result": result,
+            "bounds": {"p95_word_to_token_ms": P95_BOUND_MS, "level3_pass": L3_BOUND, "recall": RECALL_BOUND}}
+
+
+def machine_info() -> dict[str, Any]:
+    import platform
+
+    import psutil
+
+    return {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
