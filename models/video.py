@@ -66,7 +66,7 @@ def create_renderer(backend: str = "overlay", **options: Any) -> FrameRenderer:
             return SVDRenderer(**options)
         except RendererUnavailable:
             raise
-        except (OSError, RuntimeError, ValueError) as exc:
+        except (OSError, RuntimeError) as exc:  # bad options (ValueError, TypeError) stay the caller's error
             raise RendererUnavailable(f"the 'svd' renderer could not start: {exc}") from exc
     raise ValueError(f"unknown renderer backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
