@@ -6,7 +6,7 @@ camera (downscale) and no camera, with a caption that changes every frame as it 
 The verdict uses the rendering thread's CPU time, so other work on a shared machine does not
 decide it; wall-clock figures are printed beside it.
 
-    .venv/bin/python bench/video.py [--frames 300] [--all-cores]
+    .venv/bin/python bench/video.py [--frames 300] [--all-cores] [--save frame.png]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=300)
     ap.add_argument("--all-cores", action="store_true", help="do not pin the process to one core")
+    ap.add_argument("--save", metavar="PNG", help="also write one rendered frame here, to look at")
     args = ap.parse_args(argv)
     if not args.all_cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:16s}: {len(c)} frames -> 640x360  cpu mean {c.mean():.2f} ms"
               f"  wall p50 {np.median(w):.2f} ms  p95 {np.percentile(w, 95):.2f} ms  mean {w.mean():.2f} ms"
               f"  {'ok' if passed else 'SLOW'}")
+    if args.save:
+        frame = renderer.render(_requests(cam, 40)[-1])
+        Image.fromarray(frame).save(args.save)
+        print(f"wrote {args.save} ({frame.shape[1]}x{frame.shape[0]})")
     renderer.close()
     print(f"{'PASS' if ok else 'FAIL'}: overlay cpu mean <= {MEAN_LIMIT_MS:.1f} ms per 640x360 frame"
           f" ({'all cores' if args.all_cores else 'one core'})")
