@@ -64,6 +64,19 @@ class TrackClock:
     def mode(self) -> str:
         return "sender" if self.sender_offset is not None and self.session.ntp_zero is not None else "arrival"
 
+    def on_first_packet(self, rtp: int, arrival: float) -> None:
+        """The track's first RTP packet arrived at wall ``arrival``: the arrival-mode anchor.
+
+        Packet arrival is earlier and steadier than decoded-frame arrival (a receiver's jitter
+        buffer holds the first audio packets back), so it is preferred when it can be observed.
+        """
+        if self.first_pts is not None:
+            return
+        self.set_origin(rtp)
+        self.first_pts = rtp_diff(rtp % _WRAP, self.origin) if self.origin is not None else 0
+        self.first_arrival = arrival
+        self.session._first_media(arrival)
+
     def set_origin(self, rtp: int) -> None:
         """The raw RTP timestamp of the track's first packet (frame.pts 0 in aiortc)."""
         if self.origin is None:

@@ -319,3 +319,27 @@ class WhipPeer:
                 await track.recv()
         except (MediaStreamError, asyncio.CancelledError):
             return
+
+
+async def _main(argv: list[str] | None = None) -> None:
+    """Publish a generated clip until killed: ``python -m app.peer URL`` (prints the session URL)."""
+    import argparse
+    import sys
+
+    from app import testmedia
+
+    parser = argparse.ArgumentParser(description=_main.__doc__)
+    parser.add_argument("url")
+    parser.add_argument("--token")
+    args = parser.parse_args(argv)
+    clip = testmedia.make_av_clip()
+    peer = WhipPeer(args.url, clip, token=args.token, loop=True)
+    await peer.connect()
+    print(peer.location, flush=True)
+    sys.stdout.flush()
+    while True:
+        await asyncio.sleep(3600)
+
+
+if __name__ == "__main__":
+    asyncio.run(_main())

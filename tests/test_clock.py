@@ -79,3 +79,14 @@ def test_least_delayed_sender_report_wins():
     video.on_sender_report(SenderReport(ntp=103.005, rtp=1000 + 270_000))  # 5 ms: better, adopted
     assert video.time(180_000, None) == pytest.approx(t1 - 0.015)
     assert clock.steps == 1
+
+
+def test_first_packet_arrival_anchors_before_decoded_frames():
+    """A jitter buffer releasing the first audio frame 80 ms late does not move audio's time."""
+    clock = SessionClock()
+    audio = clock.track("audio", 48_000)
+    audio.on_first_packet(rtp=777, arrival=20.0)
+    audio.set_origin(777)
+    assert audio.time(0, arrival=20.080) == pytest.approx(0.0)
+    assert audio.time(960, arrival=20.081) == pytest.approx(0.020)
+    assert clock.zero_wall == 20.0

@@ -1,0 +1,443 @@
+"""The live server: WHIP signaling (RFC 9725) for aiortc sessions, metrics, health, the Gradio page.
+
+``create_app(config)`` builds the FastAPI app (tests use it directly); ``serve(host, port, config)``
+runs it under uvicorn. Every model is loaded and run once at start-up (in a thread) before
+``/readyz`` says ready; the per-model cold-start breakdown is logged, exported on ``/metrics`` and
+returned by ``/readyz``. Refusals are short plain-text messages with the right status, never a
+traceback: 400 bad SDP, 401 missing/wrong bearer token, 404 unknown session, 413 body too large,
+415 not ``application/sdp``, 503 (+ Retry-After) while warming up or when ``max_sessions`` are live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from app.server_metrics import ServerMetrics
+from app.session import Session, SessionConfig, Stages
+
+log = logging.getLogger("synchrony.server")
+
+STATIC_DIR = Path(__file__).with_name("static")
+MAX_SDP_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``synchrony serve`` can set."""
+
+    max_sessions: int = 4
+    video_backend: str = "overlay"
+    svd_model: str | None = None
+    responder: str = "caption"
+    llm_url: str | None = None
+    whisper_path: str | None = None
+    auth_token: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    output_delay_s: float = 0.9
+    output_size: tuple[int, int] = (640, 360)
+    media_timeout_s: float = 10.0
+    max_sdp_bytes: int = MAX_SDP_BYTES
+    ui: bool = True  # mount the Gradio page at /
+    warmup: bool = True  # load and run every model before /readyz says ready
+    stages: tuple[str, ...] = ("faces", "controller", "asr", "render", "sync", "response", "lst")
+
+
+class SdpError(ValueError):
+    """An offer we cannot answer; the message is shown to the client as is."""
+
+
+# --- SDP checks ---------------------------------------------------------------------------------
+
+
+def check_offer(sdp: str) -> None:
+    """Refuse offers that are not WHIP offers we can answer, with a message that says why."""
+    lines = [ln.strip() for ln in sdp.replace("\r\n", "\n").split("\n") if ln.strip()]
+    if not lines or lines[0] != "v=0":
+        raise SdpError("not an SDP offer: the body must start with 'v=0'")
+    if any(len(ln) < 2 or ln[1] != "=" for ln in lines):
+        bad = next(ln for ln in lines if len(ln) < 2 or ln[1] != "=")
+        raise SdpError(f"malformed SDP line: {bad[:60]!r}")
+    sections: list[list[str]] = []
+    for ln in lines:
+        if ln.startswith("m="):
+            sections.append([ln])
+        elif sections:
+            sections[-1].append(ln)
+    kinds = {sec[0][2:].split(" ", 1)[0] for sec in sections}
+    for kind in ("audio", "video", "application"):
+        if kind not in kinds:
+            what = "a DataChannel (m=application) for the 'events' channel" if kind == "application" else kind
+            raise SdpError(f"the offer has no {what} section")
+    for sec in sections:
+        m = re.match(r"m=(\w+) (\d+) (\S+) (.+)$", sec[0])
+        if m is None:
+            raise SdpError(f"malformed media line: {sec[0][:60]!r}")
+        kind = m.group(1)
+        if kind in ("audio", "video"):
+            if m.group(2) == "0":
+                raise SdpError(f"the offer rejects its {kind} section (port 0)")
+            direction = next((a[2:] for a in sec if a[2:] in ("sendrecv", "sendonly", "recvonly", "inactive")),
+                             "sendrecv")
+            wanted = ("sendrecv",) if kind == "video" else ("sendrecv", "sendonly")
+            if direction not in wanted:
+                raise SdpError(f"the {kind} section is {direction}; it must be {' or '.join(wanted)}")
+            if not any(a.startswith("a=rtpmap:") for a in sec):
+                raise SdpError(f"the {kind} section lists no codecs (a=rtpmap)")
+    text = "\n".join(lines)
+    for attr, what in (("a=ice-ufrag:", "ICE credentials (a=ice-ufrag)"), ("a=ice-pwd:", "ICE credentials (a=ice-pwd)"),
+                       ("a=fingerprint:", "a DTLS fingerprint (a=fingerprint)")):
+        if attr not in text:
+            raise SdpError(f"the offer has no {what}; it may be truncated")
+
+
+# --- warm-up ------------------------------------------------------------------------------------
+
+
+@dataclass
+class WarmState:
+    """Stages and how long each took to load and to run once."""
+
+    stages: Stages = field(default_factory=Stages)
+    cold_start: dict[str, dict[str, float]] = field(default_factory=dict)
+    ready: bool = False
+    started: float = field(default_factory=time.monotonic)
+    ready_after_s: float | None = None
+
+
+def _timed(state: WarmState, model: str, phase: str, fn: Callable[[], Any]) -> Any:
+    t0 = time.perf_counter()
+    out = fn()
+    state.cold_start.setdefault(model, {})[phase] = round(time.perf_counter() - t0, 4)
+    return out
+
+
+def warm_up(config: ServerConfig, state: WarmState) -> None:
+    """Load every available stage and run one inference through it; record what is missing and why."""
+    import numpy as np
+
+    from alignment.types import AU_NAMES, AUSample, VideoFrame
+
+    st = state.stages
+    probe = np.zeros((360, 640, 3), np.uint8)
+    if {"faces", "render"} & set(config.stages):
+        with contextlib.suppress(Exception):  # a real face, so the first inference runs the full graph
+            from app.testmedia import talking_face_frames
+
+            probe = talking_face_frames(np.array([0.3]), (640, 360))[0]
+
+    def attempt(name: str, fn: Callable[[], None]) -> None:
+        if name not in config.stages:
+            st.missing[name] = "disabled by configuration"
+            return
+        try:
+            fn()
+        except ImportError as exc:
+            st.missing[name] = f"module not available: {exc}"
+            log.warning("warm-up: %s unavailable: %s", name, exc)
+        except Exception as exc:  # noqa: BLE001 - a broken stage is reported, the server still serves
+            st.missing[name] = f"{type(exc).__name__}: {exc}"
+            log.exception("warm-up: %s failed", name)
+
+    def faces() -> None:
+        from models.faces import FaceAUExtractor
+
+        extractor = _timed(state, "faces", "load", FaceAUExtractor)
+        _timed(state, "faces", "first_inference", lambda: extractor.extract(VideoFrame(0.0, probe)))
+        extractor.close()
+        st.make_faces = lambda: FaceAUExtractor(running_mode="video")
+
+    def controller() -> None:
+        from models.controller import LoadController
+
+        ctl = _timed(state, "controller", "load", LoadController)
+        sample = AUSample(0.0, tuple(0.1 for _ in AU_NAMES), True)
+
+        def run() -> None:
+            for i in range(64):
+                ctl.step(AUSample(i / 30, sample.au, True))
+
+        _timed(state, "controller", "first_inference", run)
+        st.make_controller = LoadController
+
+    def asr() -> None:
+        from models.asr import ASRWorker
+
+        worker = _timed(state, "asr", "load", lambda: _make_asr_worker(ASRWorker, config))
+        warm = getattr(worker, "warmup", None)
+        if callable(warm):
+            _timed(state, "asr", "first_inference", warm)
+        st.asr_worker = worker
+
+    def render() -> None:
+        from models.video import RenderRequest, create_renderer
+
+        options: dict[str, Any] = {}
+        if config.video_backend == "svd" and config.svd_model:
+            options["model"] = config.svd_model
+        renderer = _timed(state, "render", "load", lambda: create_renderer(config.video_backend, **options))
+        req = RenderRequest(index=0, pts=0.0, camera=probe, caption=(), new_words=(), au=None, load=None,
+                            sync_ok=None, size=config.output_size)
+        _timed(state, "render", "first_inference", lambda: renderer.render(req))
+        st.renderer = renderer
+
+    def sync() -> None:
+        from alignment.sync import Level3Validator
+
+        st.make_validator = Level3Validator
+        with contextlib.suppress(ImportError):
+            from alignment.evidence import AVOffsetEstimator
+
+            st.make_offset_estimator = AVOffsetEstimator
+
+    def response() -> None:
+        from models import responders
+
+        factory = getattr(responders, "create_responder", None)
+        if factory is None:
+            raise ImportError("models.responders has no create_responder")
+        kwargs: dict[str, Any] = {"llm_url": config.llm_url} if config.llm_url else {}
+        _timed(state, "responder", "load", lambda: factory(config.responder, **kwargs))
+        st.make_responder = lambda: factory(config.responder, **kwargs)
+        with contextlib.suppress(ImportError):
+            from alignment.pacing import TokenPacer
+
+            st.make_pacer = lambda policy: TokenPacer(policy) if policy is not None else None
+
+    def lst() -> None:
+        from alignment.lst import LSTMeter
+
+        st.make_lst = LSTMeter
+
+    for name, fn in (("faces", faces), ("controller", controller), ("asr", asr), ("render", render),
+                     ("sync", sync), ("response", response), ("lst", lst)):
+        attempt(name, fn)
+
+
+def _make_asr_worker(cls: Any, config: ServerConfig) -> Any:
+    if config.whisper_path:
+        try:
+            return cls(whisper_path=config.whisper_path)
+        except TypeError:
+            from models.whisper_loader import load_whisper
+
+            return cls(model=load_whisper(config.whisper_path))
+    return cls()
+
+
+# --- the app ------------------------------------------------------------------------------------
+
+
+def _refuse(status: int, message: str, metrics: ServerMetrics, headers: dict[str, str] | None = None) -> Response:
+    metrics.rejected.labels(str(status)).inc()
+    return PlainTextResponse(message + "\n", status_code=status, headers=headers)
+
+
+def create_app(config: ServerConfig | None = None, stages: Stages | None = None) -> FastAPI:
+    """The FastAPI app; pass pre-warmed ``stages`` to share loaded models between apps (tests)."""
+    config = config or ServerConfig()
+    metrics = ServerMetrics()
+    state = WarmState()
+    sessions: dict[str, Session] = {}
+    pending = 0
+    session_config = SessionConfig(output_delay_s=config.output_delay_s, output_size=config.output_size,
+                                   media_timeout_s=config.media_timeout_s)
+
+    def finish_warmup() -> None:
+        state.ready = True
+        state.ready_after_s = round(time.monotonic() - state.started, 3)
+        metrics.ready.set(1)
+        for model, phases in state.cold_start.items():
+            for phase, seconds in phases.items():
+                metrics.cold_start.labels(model, phase).set(seconds)
+        log.info("ready after %.2f s; cold start %s; missing %s", state.ready_after_s, state.cold_start,
+                 state.stages.missing or "none")
+
+    def warm_thread() -> None:
+        try:
+            warm_up(config, state)
+        finally:
+            finish_warmup()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if stages is not None:
+            state.stages = stages
+            finish_warmup()
+        elif config.warmup:
+            threading.Thread(target=warm_thread, name="warm-up", daemon=True).start()
+        else:
+            finish_warmup()
+        yield
+        await asyncio.gather(*(s.close("server shutdown") for s in list(sessions.values())),
+                             return_exceptions=True)
+
+    app = FastAPI(title="synchrony", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.config = config
+    app.state.metrics = metrics
+    app.state.sessions = sessions
+    app.state.warm = state
+
+    if config.allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                           allow_methods=["POST", "DELETE", "GET", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Location"])
+
+    def authorised(request: Request) -> bool:
+        if not config.auth_token:
+            return True
+        given = request.headers.get("authorization", "")
+        return secrets.compare_digest(given.encode(), f"Bearer {config.auth_token}".encode())
+
+    def on_end(session: Session, reason: str) -> None:
+        if sessions.pop(session.id, None) is not None:
+            metrics.sessions.set(len(sessions))
+            label = reason.split(":", 1)[0].split(" (", 1)[0]
+            metrics.sessions_ended.labels(label).inc()
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        log.exception("internal error", exc_info=exc)
+        return PlainTextResponse("internal server error\n", status_code=500)
+
+    @app.post("/whip")
+    async def whip_offer(request: Request) -> Response:
+        nonlocal pending
+        if not authorised(request):
+            return _refuse(401, "missing or wrong bearer token", metrics, {"WWW-Authenticate": "Bearer"})
+        ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if ctype != "application/sdp":
+            return _refuse(415, f"Content-Type must be application/sdp, not {ctype or 'missing'!r}", metrics)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > config.max_sdp_bytes:
+            return _refuse(413, f"SDP offer larger than {config.max_sdp_bytes} bytes", metrics)
+        body = b""
+        async for part in request.stream():
+            body += part
+            if len(body) > config.max_sdp_bytes:
+                return _refuse(413, f"SDP offer larger than {config.max_sdp_bytes} bytes", metrics)
+        try:
+            sdp = body.decode("utf-8")
+            check_offer(sdp)
+        except UnicodeDecodeError:
+            return _refuse(400, "SDP offer is not UTF-8 text", metrics)
+        except SdpError as exc:
+            return _refuse(400, str(exc), metrics)
+        if not state.ready:
+            return _refuse(503, "warming up, retry shortly", metrics, {"Retry-After": "2"})
+        if len(sessions) + pending >= config.max_sessions:
+            return _refuse(503, f"server full ({config.max_sessions} sessions)", metrics, {"Retry-After": "5"})
+        pending += 1
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        session = Session(secrets.token_urlsafe(12), pc, state.stages, session_config, metrics, on_end)
+        session.hook()
+        try:
+            try:
+                await pc.setRemoteDescription(RTCSessionDescription(sdp, "offer"))
+            except Exception as exc:  # noqa: BLE001 - aiortc's parser raises many kinds
+                await pc.close()
+                return _refuse(400, f"cannot use this SDP offer: {exc or type(exc).__name__}", metrics)
+            session.attach()
+            await pc.setLocalDescription(await pc.createAnswer())
+            sessions[session.id] = session
+        finally:
+            pending -= 1
+        metrics.sessions.set(len(sessions))
+        metrics.sessions_total.inc()
+        log.info("session %s started (%d live)", session.id, len(sessions))
+        return Response(pc.localDescription.sdp, status_code=201, media_type="application/sdp",
+                        headers={"Location": f"/whip/{session.id}"})
+
+    @app.delete("/whip/{session_id}")
+    async def whip_delete(session_id: str, request: Request) -> Response:
+        if not authorised(request):
+            return _refuse(401, "missing or wrong bearer token", metrics, {"WWW-Authenticate": "Bearer"})
+        session = sessions.get(session_id)
+        if session is None:
+            return _refuse(404, "no such session", metrics)
+        await session.close("client DELETE")
+        return Response(status_code=200)
+
+    @app.get("/whip/{session_id}")
+    async def whip_status(session_id: str, request: Request) -> Response:
+        if not authorised(request):
+            return _refuse(401, "missing or wrong bearer token", metrics, {"WWW-Authenticate": "Bearer"})
+        session = sessions.get(session_id)
+        if session is None:
+            return _refuse(404, "no such session", metrics)
+        return JSONResponse(session.summary())
+
+    @app.patch("/whip/{session_id}")
+    async def whip_patch(session_id: str) -> Response:
+        return PlainTextResponse("trickle ICE is not supported; send a complete offer\n", status_code=405,
+                                 headers={"Allow": "DELETE"})
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "sessions": len(sessions)}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        body = {"ready": state.ready, "ready_after_s": state.ready_after_s, "cold_start": state.cold_start,
+                "missing": state.stages.missing, "sessions": len(sessions), "max_sessions": config.max_sessions}
+        return JSONResponse(body, status_code=200 if state.ready else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/metrics/lst")
+    async def lst() -> dict[str, Any]:
+        return {"sessions": {sid: s.summary()["lst"] for sid, s in sessions.items()}}
+
+    if config.ui:
+        from fastapi.staticfiles import StaticFiles
+
+        app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+        from app.ui import mount_ui
+
+        app = mount_ui(app, config)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def running_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Run ``app`` under uvicorn on this event loop; yields its base URL (tests, benches, load tests)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("uvicorn exited before it started")
+            await asyncio.sleep(0.02)
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def serve(host: str, port: int, config: ServerConfig) -> None:
+    """Run the server until interrupted (blocking)."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(config), host=host, port=port, log_level="info")

@@ -1,0 +1,63 @@
+"""Prometheus metrics of the live server, on a registry of its own (one per app, so tests can make many).
+
+Observers beside the flow, not inside the stages: sessions call ``observe_stage`` / ``drop`` /
+``sync`` with what they already measured.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
+
+
+class ServerMetrics:
+    """Sessions, per-stage latency (wall at emission − pts), drops, Level-3 pass rate, cold start."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions = Gauge("synchrony_sessions", "live sessions", registry=r)
+        self.sessions_total = Counter("synchrony_sessions_started", "sessions started", registry=r)
+        self.sessions_ended = Counter(
+            "synchrony_sessions_ended", "sessions ended, by reason", ["reason"], registry=r
+        )
+        self.rejected = Counter("synchrony_whip_rejected", "WHIP requests refused, by status", ["status"],
+                                registry=r)
+        self.stage_latency = Histogram(
+            "synchrony_stage_latency_seconds",
+            "wall time at emission minus the pts of what was emitted, per stage",
+            ["stage"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.stage_compute = Histogram(
+            "synchrony_stage_compute_seconds", "compute time of one stage call", ["stage"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.drops = Counter("synchrony_drops", "items dropped (latest-wins video, late frames, …)",
+                             ["stage"], registry=r)
+        self.sync_checks = Counter("synchrony_sync_checks", "Level-3 checks, by verdict", ["ok"], registry=r)
+        self.sync_pass_rate = Gauge("synchrony_sync_pass_rate", "Level-3 checks passed / checks", registry=r)
+        self.stage_errors = Counter("synchrony_stage_errors", "stage failures that degraded a session",
+                                    ["stage"], registry=r)
+        self.cold_start = Gauge("synchrony_cold_start_seconds", "warm-up time per model and phase",
+                                ["model", "phase"], registry=r)
+        self.ready = Gauge("synchrony_ready", "1 once every model is loaded and has run once", registry=r)
+        self._checks = 0
+        self._passed = 0
+
+    def observe_stage(self, stage: str, latency_s: float, compute_s: float | None = None) -> None:
+        self.stage_latency.labels(stage).observe(max(latency_s, 0.0))
+        if compute_s is not None:
+            self.stage_compute.labels(stage).observe(max(compute_s, 0.0))
+
+    def drop(self, stage: str, n: int = 1) -> None:
+        self.drops.labels(stage).inc(n)
+
+    def sync(self, ok: bool) -> None:
+        self.sync_checks.labels("true" if ok else "false").inc()
+        self._checks += 1
+        self._passed += int(ok)
+        self.sync_pass_rate.set(self._passed / self._checks)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,724 @@
+"""One live WebRTC session: incoming tracks → one clock → stages → events and a 16 fps video back.
+
+Per session:
+
+* camera → ``alignment.clock`` → a one-slot latest-wins mailbox → a worker thread running the face
+  AU extractor (MediaPipe) and the load controller → ``au`` / ``load`` events;
+* microphone → clock → 48 kHz→16 kHz → the shared ASR worker's stream → ``token`` events, attached
+  to output frames (16 fps, ±40 ms) → Level-3 validator → ``sync`` events; utterance ends → the
+  responder → paced ``response`` tokens → ``lst`` figures;
+* an output video track rendering frame k (pts k/16) ``output_delay_s`` after camera time k/16
+  reached the server, so the words that belong on frame k are (usually) known when it is drawn;
+  a word that arrives later is drawn on the next frame and its ``frames`` / ``sync`` say so.
+
+A stage that fails degrades only its own session (an ``error`` event and a log line, the rest goes
+on); losing the media or the connection ends the session. Stages whose modules have not landed are
+simply absent: the session never invents their events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
+from aiortc.mediastreams import MediaStreamError
+
+from alignment.clock import SenderReport, SessionClock, TrackClock, ntp_to_seconds
+from alignment.frames import FPS, TOLERANCE_S, frame_pts, frames_for_time
+from alignment.types import SAMPLE_RATE, AudioChunk, AUSample, LoadEstimate, VideoFrame, WordToken
+from app.server_metrics import ServerMetrics
+
+log = logging.getLogger("synchrony.session")
+
+WIRE_VERSION = 1
+_VIDEO_CLOCK = 90_000
+_CHANNEL_MAX_BUFFERED = 1 << 20  # bytes queued on the events channel before messages are dropped
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Per-session knobs (the server fills them from ``ServerConfig``)."""
+
+    output_delay_s: float = 0.9
+    output_size: tuple[int, int] = (640, 360)
+    media_timeout_s: float = 10.0
+    au_max_fps: float = 30.0
+
+
+@dataclass
+class Stages:
+    """The shared, warmed-up stage factories; ``None`` where a stage is unavailable."""
+
+    asr_worker: Any = None
+    make_faces: Callable[[], Any] | None = None
+    make_controller: Callable[[], Any] | None = None
+    renderer: Any = None
+    make_validator: Callable[[], Any] | None = None
+    make_offset_estimator: Callable[[], Any] | None = None
+    make_responder: Callable[[], Any] | None = None
+    make_pacer: Callable[..., Any] | None = None
+    make_lst: Callable[[], Any] | None = None
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """A token as the session will show it: the frames that actually carry it."""
+
+    token: WordToken
+    frames: tuple[int, ...]
+    late: bool
+
+
+class Session:
+    """A live session bound to one ``RTCPeerConnection``."""
+
+    def __init__(
+        self,
+        session_id: str,
+        pc: RTCPeerConnection,
+        stages: Stages,
+        config: SessionConfig,
+        metrics: ServerMetrics,
+        on_end: Callable[[Session, str], None] | None = None,
+    ) -> None:
+        self.id = session_id
+        self.pc = pc
+        self.stages = stages
+        self.config = config
+        self.metrics = metrics
+        self.on_end = on_end
+        self.clock = SessionClock()
+        self.loop = asyncio.get_running_loop()
+        self.created = time.monotonic()
+        self.end_reason: str | None = None
+        self.degraded: dict[str, str] = {}
+        self.channel: RTCDataChannel | None = None
+        self.output = OutputTrack(self)
+        self.last_media_wall = time.monotonic()
+        self.counts: dict[str, int] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
+        # camera frames kept for rendering (refs to decoded frames), AU/load history for overlays
+        self._camera: deque[tuple[float, av.VideoFrame]] = deque(maxlen=64)
+        self._au: deque[AUSample] = deque(maxlen=128)
+        self._load: deque[LoadEstimate] = deque(maxlen=128)
+        # tokens: (utterance, index) -> shown token; per-frame new words
+        self._tokens: dict[tuple[int, int], _Shown] = {}
+        self._frame_words: dict[int, list[WordToken]] = {}
+        self._last_sync_ok: bool | None = None
+        self._sync_total = 0
+        self._sync_ok = 0
+        # AU worker: one-slot mailbox
+        self._slot: tuple[float, av.VideoFrame, float] | None = None
+        self._slot_cond = threading.Condition()
+        self._au_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._asr_stream: Any = None
+        self._offset_estimator: Any = None
+        self._validator: Any = None
+        self._lst: Any = None
+        self._responder: Any = None
+        self._response_task: asyncio.Task | None = None
+        self._controller: Any = None
+
+    # --- wiring -----------------------------------------------------------------------------
+
+    def hook(self) -> None:
+        """Register the peer connection's callbacks (before the offer is applied: it emits tracks)."""
+        self.pc.on("track", self._on_track)
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    def attach(self) -> None:
+        """After the offer is applied: send the output video and build the per-session stages."""
+        pc = self.pc
+        video = [t for t in pc.getTransceivers() if t.kind == "video"]
+        if video:
+            video[0].sender.replaceTrack(self.output)
+            video[0].direction = "sendrecv"
+        if self.stages.make_validator is not None:
+            self._validator = self._safe("sync", self.stages.make_validator)
+        if self.stages.make_offset_estimator is not None:
+            self._offset_estimator = self._safe("sync", self.stages.make_offset_estimator)
+        if self.stages.make_lst is not None:
+            self._lst = self._safe("lst", self.stages.make_lst)
+        if self.stages.make_responder is not None:
+            self._responder = self._safe("response", self.stages.make_responder)
+        self._spawn(self._watchdog(), "watchdog")
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != "events":
+            log.info("session %s: ignoring data channel %r", self.id, channel.label)
+            return
+        self.channel = channel
+        self.emit({"type": "hello", "session": self.id, "version": WIRE_VERSION, "fps": FPS,
+                   "output_delay_s": self.config.output_delay_s,
+                   "stages": sorted(self._available_stages()), "missing": self.stages.missing})
+
+    def _available_stages(self) -> set[str]:
+        s = self.stages
+        names = {"video"}
+        if s.make_faces:
+            names.add("au")
+        if s.make_controller:
+            names.add("load")
+        if s.asr_worker is not None:
+            names.add("token")
+        if s.make_validator:
+            names.add("sync")
+        if s.make_responder:
+            names.add("response")
+        if s.make_lst:
+            names.add("lst")
+        return names
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        receiver = next((t.receiver for t in self.pc.getTransceivers() if t.receiver.track is track), None)
+        if receiver is None:
+            receiver = next((t.receiver for t in self.pc.getTransceivers()
+                             if t.kind == track.kind and t.receiver.track is None), None)
+        rate = _VIDEO_CLOCK if track.kind == "video" else 48_000
+        tclock = self.clock.track(track.kind, rate)
+        if receiver is not None:
+            _hook_receiver(receiver, tclock)
+        if track.kind == "video":
+            self._spawn(self._read_video(track, tclock, receiver), "video-in")
+            if self.stages.make_faces is not None and self._au_thread is None:
+                self._au_thread = threading.Thread(target=self._au_worker, name=f"au-{self.id}", daemon=True)
+                self._au_thread.start()
+        elif track.kind == "audio":
+            self._spawn(self._read_audio(track, tclock, receiver), "audio-in")
+
+    def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state in ("failed", "closed"):
+            self._spawn(self.close(f"connection {state}"), "close")
+
+    # --- events out -------------------------------------------------------------------------
+
+    def emit(self, message: dict[str, Any]) -> bool:
+        """Send one JSON event to the client; drops (and counts) when the channel is backed up."""
+        ch = self.channel
+        if ch is None or ch.readyState != "open":
+            return False
+        if ch.bufferedAmount > _CHANNEL_MAX_BUFFERED:
+            self.metrics.drop("events")
+            return False
+        try:
+            ch.send(json.dumps(message, separators=(",", ":")))
+        except Exception as exc:  # noqa: BLE001 - a closing channel must not take the session down
+            log.debug("session %s: event dropped: %s", self.id, exc)
+            return False
+        kind = str(message.get("type"))
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        return True
+
+    def fail_stage(self, stage: str, exc: BaseException) -> None:
+        """Degrade one stage of this session: log why, tell the client, keep the rest running."""
+        if stage in self.degraded:
+            return
+        reason = f"{type(exc).__name__}: {exc}"
+        self.degraded[stage] = reason
+        self.metrics.stage_errors.labels(stage).inc()
+        log.error("session %s: stage %s degraded: %s", self.id, stage, reason, exc_info=exc)
+        self.emit({"type": "error", "stage": stage, "message": reason, "fatal": False})
+
+    def _safe(self, stage: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - one stage failing degrades only that stage
+            self.fail_stage(stage, exc)
+            return None
+
+    # --- camera → AUs → load ----------------------------------------------------------------
+
+    async def _read_video(self, track: MediaStreamTrack, tclock: TrackClock, receiver: Any) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                arrival = time.monotonic()
+                self.last_media_wall = arrival
+                _set_origin(receiver, tclock)
+                t = tclock.time(int(frame.pts), arrival)
+                self._camera.append((t, frame))
+                with self._slot_cond:
+                    if self._slot is not None:
+                        self.metrics.drop("au_latest_wins")
+                    self._slot = (t, frame, arrival)
+                    self._slot_cond.notify()
+        except MediaStreamError:
+            await self.close("video track ended")
+
+    def _au_worker(self) -> None:
+        """Worker thread: latest camera frame → AUs (MediaPipe) → controller; results to the loop."""
+        try:
+            faces = self.stages.make_faces()  # type: ignore[misc]
+            controller = self.stages.make_controller() if self.stages.make_controller else None
+        except Exception as exc:  # noqa: BLE001
+            self.loop.call_soon_threadsafe(self.fail_stage, "au", exc)
+            return
+        min_gap = 1.0 / self.config.au_max_fps
+        last = 0.0
+        while not self._stop.is_set():
+            with self._slot_cond:
+                while self._slot is None and not self._stop.is_set():
+                    self._slot_cond.wait(0.5)
+                if self._stop.is_set():
+                    break
+                t, frame, _arrival = self._slot  # type: ignore[misc]
+                self._slot = None
+            wait = last + min_gap - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            last = time.monotonic()
+            try:
+                c0 = time.monotonic()
+                image = frame.to_ndarray(format="rgb24")
+                if hasattr(faces, "extract_full"):
+                    obs = faces.extract_full(VideoFrame(t, image))
+                    sample, mouth = obs.au, (obs.mouth_open if obs.face else None)
+                else:
+                    sample, mouth = faces.extract(VideoFrame(t, image)), None
+                flash = _flash_score(image) if self.stages.make_offset_estimator is not None else None
+                compute = time.monotonic() - c0
+            except Exception as exc:  # noqa: BLE001
+                self.loop.call_soon_threadsafe(self.fail_stage, "au", exc)
+                return
+            estimate = None
+            if controller is not None and "load" not in self.degraded:
+                try:
+                    estimate = controller.step(sample)
+                except Exception as exc:  # noqa: BLE001
+                    self.loop.call_soon_threadsafe(self.fail_stage, "load", exc)
+                    controller = None
+            try:
+                self.loop.call_soon_threadsafe(self._on_au, sample, estimate, compute, mouth, flash)
+            except RuntimeError:  # loop closed
+                return
+        close = getattr(faces, "close", None)
+        if callable(close):
+            close()
+
+    def _on_au(self, sample: AUSample, estimate: LoadEstimate | None, compute: float, mouth: float | None,
+               flash: float | None) -> None:
+        self._au.append(sample)
+        wall = self.clock.wall_of(sample.pts)
+        if wall is not None:
+            self.metrics.observe_stage("au", time.monotonic() - wall, compute)
+        self.emit({"type": "au", "pts": round(sample.pts, 4), "au": sample.as_dict(), "face": sample.face})
+        if self._offset_estimator is not None:
+            from alignment.evidence import VisualObservation
+
+            self._feed_offset("video", VisualObservation(sample.pts, mouth, flash))
+        if estimate is not None:
+            self._load.append(estimate)
+            self.emit({"type": "load", "pts": round(estimate.pts, 4), "level": estimate.level,
+                       "probs": [round(float(p), 4) for p in estimate.probs],
+                       "policy": estimate.policy.as_dict()})
+
+    # --- microphone → ASR → tokens → Level-3 ------------------------------------------------
+
+    async def _read_audio(self, track: MediaStreamTrack, tclock: TrackClock, receiver: Any) -> None:
+        worker = self.stages.asr_worker
+        if worker is not None:
+            stream = self._safe("asr", lambda: worker.open(self.id))
+            if stream is not None:
+                self._asr_stream = stream
+                self._spawn(self._asr_events(stream), "asr-events")
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        anchor: float | None = None  # session time of output sample 0
+        produced = 0
+        try:
+            while True:
+                frame = await track.recv()
+                arrival = time.monotonic()
+                self.last_media_wall = arrival
+                _set_origin(receiver, tclock)
+                t = tclock.time(int(frame.pts), arrival)
+                out = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame)] or
+                                     [np.zeros(0, np.float32)])
+                expected = None if anchor is None else anchor + produced / SAMPLE_RATE
+                if expected is None or abs(expected - t) > 0.02:  # start, or a gap/clock step: re-anchor
+                    anchor, produced = t, 0
+                pts = anchor + produced / SAMPLE_RATE
+                produced += len(out)
+                if out.size and self._asr_stream is not None and "asr" not in self.degraded:
+                    chunk = AudioChunk(pts, out.astype(np.float32, copy=False))
+                    try:
+                        self._asr_stream.push(chunk)
+                    except Exception as exc:  # noqa: BLE001
+                        self.fail_stage("asr", exc)
+                    if self._offset_estimator is not None:
+                        self._feed_offset("audio", chunk)
+        except MediaStreamError:
+            await self.close("audio track ended")
+
+    async def _asr_events(self, stream: Any) -> None:
+        try:
+            async for ev in stream.events():
+                if isinstance(ev, WordToken):
+                    self._on_token(ev)
+                elif type(ev).__name__ == "UtteranceEnd":
+                    self._on_utterance_end(ev)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self.fail_stage("asr", exc)
+
+    def _on_token(self, tok: WordToken) -> None:
+        next_frame = self.output.next_index
+        ideal = frames_for_time(tok.start)
+        key = (tok.utterance, tok.index)
+        prev = self._tokens.get(key)
+        if (prev is not None and prev.frames and prev.frames[0] < next_frame
+                and _norm(prev.token.text) == _norm(tok.text)):
+            frames = prev.frames  # this word is already on screen: its caption was presented then
+        else:
+            frames = tuple(k for k in ideal if k >= next_frame) or (next_frame,)
+        late = bool(ideal) and frames[0] != ideal[0]
+        shown = _Shown(tok, frames, late)
+        if prev is not None:
+            for k in prev.frames:
+                words = self._frame_words.get(k)
+                if words and prev.token in words:
+                    words.remove(prev.token)
+        self._tokens[key] = shown
+        for k in frames:
+            self._frame_words.setdefault(k, []).append(tok)
+        now = time.monotonic()
+        wall_end = self.clock.wall_of(tok.end)
+        if wall_end is not None:
+            self.metrics.observe_stage("token_final" if tok.final else "token_interim", now - wall_end)
+        self.emit({"type": "token", "text": tok.text, "start": round(tok.start, 4), "end": round(tok.end, 4),
+                   "final": tok.final, "frames": list(frames), "utterance": tok.utterance,
+                   "index": tok.index, "late": late})
+        if tok.final and self._validator is not None and "sync" not in self.degraded:
+            self._check_sync(shown)
+
+    def _check_sync(self, shown: _Shown) -> None:
+        from alignment.sync import sync_event
+
+        estimate = None
+        if self._offset_estimator is not None:
+            estimate = self._safe("sync", self._offset_estimator.estimate)
+        check = self._safe("sync", lambda: self._validator.check_estimate(
+            shown.token, frame_pts(shown.frames[0]), estimate))
+        if check is None:
+            return
+        self._sync_total += 1
+        self._sync_ok += int(check.ok)
+        self._last_sync_ok = check.ok
+        self.metrics.sync(check.ok)
+        self.emit(sync_event(check))
+
+    def _feed_offset(self, kind: str, item: Any) -> None:
+        est = self._offset_estimator
+        try:
+            if kind == "audio":
+                est.push_audio(item)
+            else:
+                est.push_visual(item)
+        except Exception as exc:  # noqa: BLE001
+            self.fail_stage("sync", exc)
+            self._offset_estimator = None
+
+    # --- responses -----------------------------------------------------------------------------
+
+    def _on_utterance_end(self, ev: Any) -> None:
+        if self._responder is None or "response" in self.degraded:
+            return
+        if self._response_task is not None and not self._response_task.done():
+            self._response_task.cancel()  # a new utterance interrupts the previous answer
+        self._response_task = self._spawn(self._respond(ev), "response")
+
+    async def _respond(self, ev: Any) -> None:
+        policy = self._load[-1].policy if self._load else None
+        end_wall = self.clock.wall_of(float(getattr(ev, "pts", 0.0))) or time.monotonic()
+        try:
+            source = self._responder.respond(str(getattr(ev, "text", "")), policy)
+            pacer = self.stages.make_pacer(policy) if self.stages.make_pacer else None
+            stream = pacer.pace(source) if pacer is not None else source
+            i = 0
+            async for text in _aiter(stream):
+                now = time.monotonic()
+                if self._lst is not None:
+                    self._lst.record(now, end_wall if i == 0 else None)
+                self.emit({"type": "response", "utterance": getattr(ev, "utterance", 0), "index": i,
+                           "text": str(text), "ms_after_utterance": round((now - end_wall) * 1000, 1)})
+                i += 1
+            if self._lst is not None:
+                snap = self._lst.snapshot()
+                self.emit({"type": "lst", **_lst_dict(snap)})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self.fail_stage("response", exc)
+
+    # --- rendering (called by OutputTrack) ----------------------------------------------------
+
+    def render_request(self, k: int) -> Any:
+        from models.video import RenderRequest
+
+        t = frame_pts(k)
+        camera = None
+        best = None
+        for ct, frame in reversed(self._camera):
+            if ct <= t + 1e-6:
+                best = frame
+                break
+        if best is None and self._camera:
+            best = self._camera[0][1]
+        if best is not None:
+            w, h = self.config.output_size
+            camera = best.to_ndarray(format="rgb24", width=w, height=h)
+        new_words = tuple(self._frame_words.pop(k, ()))
+        caption = self._caption_at(k)
+        au = next((s for s in reversed(self._au) if s.pts <= t), None)
+        load = next((e for e in reversed(self._load) if e.pts <= t), None)
+        return RenderRequest(index=k, pts=t, camera=camera, caption=caption, new_words=new_words, au=au,
+                             load=load, sync_ok=self._last_sync_ok, size=self.config.output_size)
+
+    def _caption_at(self, k: int) -> tuple[WordToken, ...]:
+        """Words of the latest utterance already shown by frame ``k`` (for 4 s after its last word)."""
+        shown = [s for s in self._tokens.values() if s.frames and s.frames[0] <= k]
+        if not shown:
+            return ()
+        latest = max(s.token.utterance for s in shown)
+        words = sorted((s.token for s in shown if s.token.utterance == latest), key=lambda w: w.start)
+        if words and frame_pts(k) - words[-1].end > 4.0:
+            return ()
+        return tuple(words[-12:])
+
+    def prune(self, k: int) -> None:
+        """Forget per-frame words for frames already sent and tokens of old utterances."""
+        for old in [i for i in self._frame_words if i < k]:
+            del self._frame_words[old]
+        if len(self._tokens) > 400:
+            keep = sorted(self._tokens.items(), key=lambda kv: kv[1].token.start)[-200:]
+            self._tokens = dict(keep)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def _watchdog(self) -> None:
+        """Reap a session whose media stopped (a peer that vanished without closing)."""
+        while not self._closing:
+            await asyncio.sleep(min(1.0, self.config.media_timeout_s / 4))
+            if time.monotonic() - self.last_media_wall > self.config.media_timeout_s:
+                self._spawn(self.close("media timeout"), "close")
+                return
+
+    def summary(self) -> dict[str, Any]:
+        lst = None
+        if self._lst is not None:
+            snap = self._safe("lst", self._lst.snapshot)
+            lst = _lst_dict(snap) if snap is not None else None
+        return {
+            "session": self.id,
+            "age_s": round(time.monotonic() - self.created, 2),
+            "clock": self.clock.modes(),
+            "events": dict(self.counts),
+            "frames_sent": self.output.sent,
+            "sync": {"checks": self._sync_total, "passed": self._sync_ok},
+            "degraded": dict(self.degraded),
+            "lst": lst,
+        }
+
+    async def close(self, reason: str) -> None:
+        """End the session once: stop the AU thread, the ASR stream, the tasks and the connection."""
+        if self._closing:
+            return
+        self._closing = True
+        self.end_reason = reason
+        log.info("session %s ended: %s", self.id, reason)
+        self._stop.set()
+        with self._slot_cond:
+            self._slot_cond.notify_all()
+        self.output.stop()
+        stream, self._asr_stream = self._asr_stream, None
+        if stream is not None:
+            closer = getattr(stream, "close", None)
+            try:
+                result = closer() if callable(closer) else None
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception as exc:  # noqa: BLE001
+                log.warning("session %s: closing the ASR stream: %s", self.id, exc)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        try:
+            await asyncio.wait_for(self.pc.close(), 5.0)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("session %s: closing the peer connection: %s", self.id, exc)
+        if self._au_thread is not None:
+            await asyncio.to_thread(self._au_thread.join, 3.0)
+        if self.on_end is not None:
+            self.on_end(self, reason)
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def threads_alive(self) -> bool:
+        return self._au_thread is not None and self._au_thread.is_alive()
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"{self.id}:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            name = task.get_name().split(":", 1)[-1]
+            if name in ("video-in", "audio-in"):
+                log.error("session %s: %s failed: %r", self.id, name, exc)
+                if not self._closing:
+                    self._spawn(self.close(f"{name} failed: {exc}"), "close")
+            else:
+                self.fail_stage(name, exc)  # type: ignore[arg-type]
+
+
+class OutputTrack(MediaStreamTrack):
+    """The 16 fps video the session sends back: frame k rendered at camera time k/16 + output delay."""
+
+    kind = "video"
+
+    def __init__(self, session: Session) -> None:
+        super().__init__()
+        self.session = session
+        self.next_index = 0
+        self.sent = 0
+        self._fallback: np.ndarray | None = None
+
+    async def recv(self) -> av.VideoFrame:
+        s = self.session
+        while not s.clock.started:
+            if self.readyState != "live":
+                raise MediaStreamError
+            await asyncio.sleep(0.02)
+        if self.readyState != "live":
+            raise MediaStreamError
+        zero = s.clock.zero_wall
+        assert zero is not None
+        delay = s.config.output_delay_s
+        k = self.next_index
+        behind = math.floor((time.monotonic() - zero - delay) * FPS) - k
+        if behind > 2:  # rendering fell behind real time: skip ahead rather than queue up
+            s.metrics.drop("output_frames", behind)
+            k += behind
+        due = zero + frame_pts(k) + delay
+        wait = due - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self.next_index = k + 1
+        request = s.render_request(k)
+        c0 = time.monotonic()
+        image = await asyncio.to_thread(self._render, request)
+        s.metrics.observe_stage("render", time.monotonic() - (zero + frame_pts(k)), time.monotonic() - c0)
+        s.prune(k)
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+        frame.pts = int(round(frame_pts(k) * _VIDEO_CLOCK))
+        frame.time_base = Fraction(1, _VIDEO_CLOCK)
+        self.sent += 1
+        return frame
+
+    def _render(self, request: Any) -> np.ndarray:
+        renderer = self.session.stages.renderer
+        if renderer is not None and "render" not in self.session.degraded:
+            try:
+                return renderer.render(request)
+            except Exception as exc:  # noqa: BLE001
+                self.session.loop.call_soon_threadsafe(self.session.fail_stage, "render", exc)
+        if request.camera is not None:
+            return request.camera
+        w, h = request.size
+        if self._fallback is None or self._fallback.shape[:2] != (h, w):
+            self._fallback = np.zeros((h, w, 3), np.uint8)
+        return self._fallback
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _hook_receiver(receiver: Any, tclock: TrackClock) -> None:
+    """Feed the track's first packet arrival and RTCP sender reports to its clock.
+
+    aiortc keeps both inside ``RTCRtpReceiver`` (no public API), so its two packet handlers are
+    wrapped per instance; everything else still goes to aiortc unchanged.
+    """
+    from aiortc.rtp import RtcpSrPacket
+
+    original = receiver._handle_rtcp_packet
+    original_rtp = receiver._handle_rtp_packet
+
+    async def handle_rtp(packet: Any, arrival_time_ms: int) -> None:
+        if tclock.first_pts is None and packet.payload:
+            tclock.on_first_packet(int(packet.timestamp), time.monotonic())
+        await original_rtp(packet, arrival_time_ms)
+
+    receiver._handle_rtp_packet = handle_rtp
+
+    async def handle(packet: Any) -> None:
+        if isinstance(packet, RtcpSrPacket):
+            _set_origin(receiver, tclock)
+            info = packet.sender_info
+            tclock.on_sender_report(SenderReport(ntp_to_seconds(info.ntp_timestamp), info.rtp_timestamp))
+        await original(packet)
+
+    receiver._handle_rtcp_packet = handle
+
+
+def _set_origin(receiver: Any, tclock: TrackClock) -> None:
+    """The raw RTP timestamp aiortc's frame.pts counts from (its private TimestampMapper origin)."""
+    if tclock.origin is not None or receiver is None:
+        return
+    mapper = getattr(receiver, "_RTCRtpReceiver__timestamp_mapper", None)
+    origin = getattr(mapper, "_origin", None)
+    if isinstance(origin, int):
+        tclock.set_origin(origin)
+
+
+def _flash_score(image: np.ndarray) -> float | None:
+    from alignment.evidence import flash_score
+
+    return float(flash_score(image))
+
+
+def _norm(word: str) -> str:
+    return "".join(ch for ch in word.lower() if ch.isalnum())
+
+
+def _lst_dict(snap: Any) -> dict[str, Any]:
+    if isinstance(snap, dict):
+        return snap
+    return {k: getattr(snap, k, None) for k in ("ttft_ms_p99", "itl_ms_max", "jitter_ms", "tier")}
+
+
+async def _aiter(source: Any) -> Any:
+    if hasattr(source, "__aiter__"):
+        async for item in source:
+            yield item
+    else:
+        for item in source:
+            yield item
+
+
+__all__ = ["Session", "SessionConfig", "Stages", "OutputTrack", "TOLERANCE_S"]
