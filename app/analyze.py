@@ -65,12 +65,12 @@ class FaceTrack:
 
 
 def extract_faces(frames: tuple[VideoFrame, ...], progress: Progress | None = None) -> FaceTrack:
-    """AUs and mouth openness for every input frame (MediaPipe, video mode: frames in pts order)."""
+    """AUs and mouth openness for every input frame (image mode: lips are sync evidence, no smoothing lag)."""
     from models.faces import FaceAUExtractor
 
     samples: list[AUSample] = []
     mouth: list[float] = []
-    with FaceAUExtractor(running_mode="video") as extractor:
+    with FaceAUExtractor(running_mode="image") as extractor:  # image mode: no tracking lag in lips
         for frame in frames:
             obs = extractor.extract_full(frame)
             samples.append(obs.au)
