@@ -97,7 +97,8 @@ def latency_cdf_svg(rnd: dict[str, Any]) -> str:
     ax.set_xlabel("word end → first token arrival (ms)")
     ax.set_ylabel("fraction of words")
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, ncol=2, loc="lower right")
     ax.grid(alpha=0.3)
     return _svg(fig)
 
@@ -129,7 +130,8 @@ def timelines_svg(rnd: dict[str, Any]) -> str:
     ax3.set_xlabel("peer clock (s since its first media)")
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
-    ax1.legend(fontsize=7, ncol=4, loc="upper left")
+    if ax1.get_legend_handles_labels()[0]:
+        ax1.legend(fontsize=7, ncol=4, loc="upper left")
     return _svg(fig)
 
 

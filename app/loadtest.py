@@ -77,6 +77,8 @@ class RoundConfig:
     fps: float = 25.0
     seed: int = 0
     token: str | None = None
+    max_duration_s: float = 0.0  # > duration_s: keep streaming until min_sync_checks evidence checks came
+    min_sync_checks: int = 0
     settle_s: float = 1.0  # words starting before this (peer clock) are not scored: the link is warming up
     tail_s: float = 3.0  # words ending in the last tail_s are not scored: their tokens may still be on the way
 
@@ -202,9 +204,13 @@ async def run_peer(spec: PeerSpec, cfg: RoundConfig, clip: Any, truth: lm.ClipTr
         await asyncio.wait_for(peer.connect(timeout=cfg.connect_timeout_s), cfg.connect_timeout_s + 5)
         result["connected"] = True
         result["connect_ms"] = round((time.monotonic() - t_connect) * 1000, 1)
-        end = time.monotonic() + cfg.duration_s
-        while time.monotonic() < end and peer.pc.connectionState not in ("failed", "closed"):
-            await asyncio.sleep(min(0.5, max(end - time.monotonic(), 0.0)))
+        start = time.monotonic()
+        end, hard_end = start + cfg.duration_s, start + max(cfg.duration_s, cfg.max_duration_s)
+        while peer.pc.connectionState not in ("failed", "closed"):
+            now = time.monotonic()
+            if now >= hard_end or (now >= end and _evidence_checks(peer) >= cfg.min_sync_checks):
+                break
+            await asyncio.sleep(0.25)
         if peer.pc.connectionState in ("failed", "closed"):
             result["error"] = f"connection {peer.pc.connectionState} during the run"
     except WhipError as exc:
@@ -224,6 +230,11 @@ async def run_peer(spec: PeerSpec, cfg: RoundConfig, clip: Any, truth: lm.ClipTr
         return result
     result.update(peer_figures(peer, truth, t0, t_end, cfg, spec))
     return result
+
+
+def _evidence_checks(peer: Any) -> int:
+    """Sync checks so far whose video time rests on evidence (markers or lips), not assigned pts."""
+    return sum(1 for e in peer.events if e.type == "sync" and e.message.get("evidence", "assigned") != "assigned")
 
 
 def peer_figures(peer: Any, truth: lm.ClipTruth, t0: float, t_end: float, cfg: RoundConfig,
@@ -387,7 +398,8 @@ def run_round(specs: list[PeerSpec], cfg: RoundConfig, server_pid: int | None) -
         sampler.add_worker(p.pid)
         procs.append(p)
     # Deadline: the last peer's start + connect + run + close, plus time to build clips and report.
-    deadline = t_start + max(s.start_s for s in specs) + cfg.connect_timeout_s + cfg.duration_s + 60.0
+    run_s = max(cfg.duration_s, cfg.max_duration_s)
+    deadline = t_start + max(s.start_s for s in specs) + cfg.connect_timeout_s + run_s + 60.0
     results: list[dict[str, Any]] = []
     worker_cpu: dict[int, float] = {}
     errors: list[str] = []
@@ -560,6 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "with --find-max)")
     p.add_argument("--workers", type=int, default=2, help=f"worker processes (1..{MAX_WORKERS})")
     p.add_argument("--duration", type=float, default=20.0, help="seconds each peer streams (5..600)")
+    p.add_argument("--max-duration", type=float, default=0.0, help="stream up to this long while waiting for "
+                   "--min-sync-checks evidence-based sync checks per peer")
+    p.add_argument("--min-sync-checks", type=int, default=0, help="see --max-duration")
     p.add_argument("--stagger", type=float, default=0.5, help="seconds between peer starts")
     p.add_argument("--netem", default="clean", help="network impairment for every peer: a scenario "
                    "(clean, loss5, burst5, link-jitter, stepwise, first-frame-block, ...) or key=value pairs, "
@@ -589,6 +604,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--workers must be 1..{MAX_WORKERS}")
     if not 5.0 <= args.duration <= 600.0:
         raise ValueError("--duration must be 5..600 s")
+    if not (args.max_duration == 0 or args.duration <= args.max_duration <= 600.0) or args.min_sync_checks < 0:
+        raise ValueError("--max-duration must be 0 or --duration..600 s; --min-sync-checks >= 0")
     if not 0.0 <= args.stagger <= 10.0:
         raise ValueError("--stagger must be 0..10 s")
     if not 0 <= args.offset_peers <= args.peers:
@@ -635,7 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             pid = local_server_pid(url)
         cfg = RoundConfig(url=url, duration_s=args.duration, text=args.text, video_size=args.size,
-                          seed=args.seed, token=args.token)
+                          seed=args.seed, token=args.token, max_duration_s=args.max_duration,
+                          min_sync_checks=args.min_sync_checks)
         report = run_plan(args, cfg, pid)
     finally:
         if server is not None:

@@ -1,0 +1,154 @@
+"""app.loadtest / app.loadmetrics / app.loadreport: figures from truth, guard rails, and one short live run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from alignment.types import SAMPLE_RATE
+from app import loadmetrics as lm
+from app import loadtest
+
+
+@pytest.fixture(scope="module")
+def loop_clip():
+    return loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (320, 180), 25.0)
+
+
+def test_loop_clip_loops_without_drift(loop_clip):
+    n = len(loop_clip.audio)
+    assert n % (SAMPLE_RATE // 25) == 0 and n % (SAMPLE_RATE // 50) == 0  # whole video and 20 ms frames
+    assert len(loop_clip.frames) == n // (SAMPLE_RATE // 25)
+    truth = lm.clip_truth(loop_clip)
+    assert [w.text for w in truth.words] == loadtest.DEFAULT_TEXT.split()
+    assert all(w.start < w.end for w in truth.words)
+    assert all(a.end <= b.start + 1e-9 for a, b in zip(truth.words, truth.words[1:], strict=False))
+    assert truth.markers[0] < truth.words[0].start and truth.markers[-1] > truth.utterance_end
+    assert truth.period_s == pytest.approx(n / SAMPLE_RATE)
+
+
+def _token_events(truth: lm.ClipTruth, reps: int, lag: float, delay: float, skip: set[int]):
+    """Token messages for every word, stamped ``lag`` early on the server clock, arriving ``delay`` after the end."""
+    out, k = [], 0
+    for r in range(reps):
+        for i, w in enumerate(truth.words):
+            k += 1
+            if k in skip:
+                continue
+            start = r * truth.period_s + w.start - lag
+            end = r * truth.period_s + w.end
+            out.append((end + delay, {"type": "token", "text": w.text.capitalize() + ",", "start": start,
+                                      "end": end - lag, "final": False, "utterance": r, "index": i}))
+            out.append((end + delay + 0.3, {"type": "token", "text": w.text, "start": start, "end": end - lag,
+                                            "final": True, "utterance": r, "index": i}))
+    return sorted(out, key=lambda x: x[0])
+
+
+def test_match_tokens_recovers_latency_lag_and_misses(loop_clip):
+    truth = lm.clip_truth(loop_clip)
+    n_words = len(truth.words)
+    tokens = _token_events(truth, 3, lag=0.12, delay=0.4, skip={3, n_words + 5})
+    words, lag, unmatched = lm.match_tokens(truth, tokens, until_s=3 * truth.period_s)
+    assert len(words) == 3 * n_words
+    assert lag == pytest.approx(0.12, abs=1e-6)
+    assert unmatched == 0
+    got = [w for w in words if w.latency_s is not None]
+    assert len(got) == 3 * n_words - 2
+    assert all(w.latency_s == pytest.approx(0.4) and w.final_latency_s == pytest.approx(0.7) for w in got)
+    summary = lm.summarise_latencies(words)
+    assert summary["recall"] == pytest.approx((3 * n_words - 2) / (3 * n_words), abs=1e-4)
+    assert summary["latency_ms_p95"] == pytest.approx(400.0, abs=0.1)
+    # A token for a word nobody said is counted, not matched.
+    extra = [(1.0, {"type": "token", "text": "zebra", "start": 1.0, "end": 1.2, "final": True})]
+    assert lm.match_tokens(truth, tokens + extra, 3 * truth.period_s)[2] == 1
+
+
+def test_ttft_itl_and_jitter():
+    truth = lm.ClipTruth((lm.TruthWord("hi", 0.5, 1.0),), (), 4.0, 0.0)
+    # Utterance 0 ends at 1.0 s: first response 150 ms later, then tokens 100 ms apart with one 40 ms wobble.
+    arrivals = [1.15 + 0.1 * i for i in range(10)]
+    arrivals[5] += 0.04
+    responses = [(t, {"type": "response", "utterance": 0, "index": i}) for i, t in enumerate(arrivals)]
+    responses += [(5.2, {"type": "response", "utterance": 1, "index": 0})]  # utterance 1 ends at 5.0
+    got = lm.ttft_and_itl(truth, responses, until_s=8.0)
+    assert got["utterances"] == 2
+    assert got["ttft_ms"] == pytest.approx([150.0, 200.0], abs=0.2)
+    assert got["itl_ms_max"] == pytest.approx(140.0, abs=0.2)
+    gaps = np.diff(arrivals)
+    assert got["jitter_ms_max"] == pytest.approx(max(np.std(gaps[i - 8 : i]) for i in range(8, 10)) * 1000, abs=0.2)
+
+
+def test_level3_flags_evidence_offsets_only():
+    def sync(video_minus_audio_ms: float, ok: bool, evidence: str = "markers") -> dict:
+        return {"type": "sync", "audio": 1.0, "video": 1.0 + video_minus_audio_ms / 1000, "text": 1.0,
+                "max_delta_ms": abs(video_minus_audio_ms), "ok": ok, "evidence": evidence}
+
+    clean = lm.level3([sync(5, True), sync(-8, True), sync(12, True), sync(900, False, "assigned")])
+    assert clean["pass_rate"] == 0.75 and not clean["flagged"] and clean["evidence_checks"] == 3
+    late = lm.level3([sync(148, False), sync(155, False), sync(151, False)])
+    assert late["flagged"] and late["video_minus_audio_ms_p50"] == pytest.approx(151.0)
+    assert not lm.level3([])["flagged"]
+
+
+def test_flash_lags_pair_each_click_with_the_next_flash():
+    truth = lm.ClipTruth((lm.TruthWord("a", 1.0, 1.2),), (0.25, 3.5), 4.0, 0.0)
+    flashes = [0.25 + 1.0, 3.5 + 1.05, 4.25 + 0.98]  # the 4th click's flash never came back
+    assert lm.flash_lags(truth, flashes, until_s=12.0) == pytest.approx([1.0, 1.05, 0.98])
+
+
+def test_loopback_only_and_bad_input_is_a_clear_error(capsys, tmp_path):
+    assert loadtest.check_loopback_url("http://127.0.0.1:8000/whip") == "http://127.0.0.1:8000/whip"
+    assert loadtest.check_loopback_url("http://localhost:8000") == "http://localhost:8000/whip"
+    for url in ("http://192.0.2.2:8000/whip", "http://10.1.2.3/whip", "ftp://127.0.0.1/whip", "nonsense"):
+        with pytest.raises(ValueError):
+            loadtest.check_loopback_url(url)
+    out = str(tmp_path)
+    for argv in (["--url", "http://192.0.2.2:8000/whip"], ["--spawn-server", "--peers", "0"],
+                 ["--spawn-server", "--peers", "1000"], ["--spawn-server", "--netem", "loss=lots"],
+                 ["--spawn-server", "--duration", "1"], ["--spawn-server", "--video-size", "big"]):
+        assert loadtest.main([*argv, "--out", out]) == loadtest.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err.startswith("synchrony loadtest:") and "Traceback" not in err
+
+
+def test_plan_spreads_peers_and_applies_offsets():
+    specs = loadtest.plan_peers(5, 2, 0.5, {4: 150.0}, "loss5")
+    assert [s.worker for s in specs] == [0, 1, 0, 1, 0]
+    assert [s.start_s for s in specs] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    assert [s.offset_ms for s in specs] == [0, 0, 0, 0, 150.0] and {s.netem for s in specs} == {"loss5"}
+
+
+@pytest.mark.timeout(240)
+def test_live_run_two_peers_flags_the_injected_offset(tmp_path):
+    """Two real peers against a server this test starts on 127.0.0.1; one sends video 150 ms late."""
+    out = tmp_path / "lt"
+    code = loadtest.main(["--spawn-server", "--peers", "2", "--offset-ms", "150", "--offset-peers", "1",
+                          "--duration", "10", "--max-duration", "40", "--min-sync-checks", "3",
+                          "--stagger", "0.3", "--out", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "http://" not in html.replace("http://www.w3.org", "").replace(report["url"], "")
+    rnd = report["rounds"][0]
+    clean, late = rnd["peers"]
+    assert clean["connected"] and late["connected"], (clean.get("error"), late.get("error"))
+    for p in (clean, late):
+        # Counts agree with each other and latencies are physical: positive and bounded by the run.
+        assert p["events"].get("token", 0) == len(p["tokens"])
+        assert p["latency"]["matched"] <= p["latency"]["words"] == len(p["words"]) > 0
+        lat = [w[2] - w[1] for w in p["words"] if w[2] is not None]
+        assert lat, "no spoken word came back as a token"
+        assert all(0.0 < x < p["run_s"] for x in lat)
+        assert p["frames_received"] > 0 and 0 < p["first_video_ms"] < 30_000
+        assert p["level3"]["checks"] == p["events"].get("sync", 0) == len(p["sync_timeline"])
+        assert p["level3"]["evidence_checks"] >= 1
+        assert all(x > 0 for x in p["flash_lag_ms"])
+    print(f"clean: {clean['level3']}\nlate: {late['level3']}")
+    assert not clean["level3"]["flagged"], clean["level3"]
+    assert late["level3"]["flagged"], late["level3"]
+    assert late["level3"]["video_minus_audio_ms_p50"] == pytest.approx(150.0, abs=40.0)
+    assert report["result"]["detection"] == {"offset_ms": 150.0, "flagged": 1, "of": 1, "clean_flagged": 0}
+    assert code == loadtest.EXIT_OK
+    assert any(s[1] is not None and not math.isnan(s[1]) for s in rnd["cpu"])  # server CPU was sampled
