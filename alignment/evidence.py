@@ -17,7 +17,8 @@ Sync markers (``source="markers"``), the spec that :mod:`app.testmedia` generate
   pulse starting at sub-frame phase φ lights two frames with brightness ``1 - φ`` and ``φ``.
   Frames alone quantise a flash to ±T/2 (±20 ms at 25 fps); the brightness keeps the phase: the
   brightness-weighted centroid of the lit frames' pts is the pulse centre, so the onset is
-  ``centroid - T/2`` to a fraction of a millisecond, also after an H.264 round trip.
+  ``centroid - T/2`` to a fraction of a millisecond, also after an H.264 round trip. A flash
+  needs an unlit frame before and after it, and no dropped frame inside it (else it is ignored).
 * pairing: each flash is paired with the nearest unpaired click within ``max_pair_s``; markers
   must be further apart than twice that. The marker offset is the median of recent pairs.
 
@@ -198,8 +199,8 @@ class _FlashStream:
         self._last_pts: float | None = None
 
     def _baseline(self) -> float | None:
-        if len(self._recent) < 2:
-            return None
+        if not self._recent:
+            return None  # a flash needs at least one unlit frame before it
         return float(np.median([s for _, s in self._recent]))
 
     def push(self, pts: float, score: float) -> float | None:
