@@ -100,16 +100,19 @@ def _click_templates() -> tuple[np.ndarray, np.ndarray]:
 
 
 _SIN, _COS = _click_templates()
+_IQ = _COS + 1j * _SIN  # one complex template: |correlation| is the I/Q envelope
 
 
 def _click_scan(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Tone amplitude and coherence for a burst starting at each lag (``len(x) - n + 1`` lags)."""
-    from scipy.signal import oaconvolve
-
     n = _CLICK_N
-    i = oaconvolve(x, _SIN[::-1], mode="valid")
-    q = oaconvolve(x, _COS[::-1], mode="valid")
-    env = np.sqrt(i * i + q * q)
+    if len(x) < 16 * 1024:  # a streaming chunk: direct correlation beats FFT set-up
+        iq = np.correlate(x, _IQ, mode="valid")
+    else:
+        from scipy.signal import oaconvolve
+
+        iq = oaconvolve(x, np.conj(_IQ[::-1]), mode="valid")
+    env = np.abs(iq)
     csum = np.concatenate([[0.0], np.cumsum(x.astype(np.float64) ** 2)])
     energy = np.maximum(csum[n:] - csum[:-n], 0.0)
     amplitude = env / (n / 2)
@@ -303,18 +306,20 @@ def lip_offset(
         return None  # silence
     active = env > 0.1 * float(np.max(env))
     lags = np.arange(-max_lag_s, max_lag_s + lag_step_s / 2, lag_step_s)
-    r = np.full(len(lags), np.nan)
-    speech_frames = np.zeros(len(lags), int)
-    for j, lag in enumerate(lags):
-        idx = np.rint((pts - lag - audio_t0) / step).astype(int)
-        ok = (idx >= 0) & (idx < len(env))
-        if ok.sum() < min_frames:
-            continue
-        e, mm = env[idx[ok]], m[ok]
-        speech_frames[j] = int(active[idx[ok]].sum())
-        if np.std(e) < 1e-9 or np.std(mm) < 1e-9:
-            continue
-        r[j] = float(np.corrcoef(e, mm)[0, 1])
+    idx = np.rint((pts[None, :] - lags[:, None] - audio_t0) / step).astype(int)  # (lags, frames)
+    inside = (idx >= 0) & (idx < len(env))
+    e = np.where(inside, env[np.clip(idx, 0, len(env) - 1)], 0.0)
+    mm = np.where(inside, m[None, :], 0.0)
+    count = inside.sum(axis=1)
+    speech_frames = (inside & active[np.clip(idx, 0, len(env) - 1)]).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n = np.maximum(count, 1)
+        e_mean, m_mean = e.sum(axis=1) / n, mm.sum(axis=1) / n
+        cov = (e * mm).sum(axis=1) / n - e_mean * m_mean
+        var_e = (e * e).sum(axis=1) / n - e_mean**2
+        var_m = (mm * mm).sum(axis=1) / n - m_mean**2
+        r = cov / np.sqrt(var_e * var_m)
+    r[(count < min_frames) | (var_e < 1e-12) | (var_m < 1e-12)] = np.nan
     if np.all(np.isnan(r)):
         return None
     best = int(np.nanargmax(r))

@@ -57,6 +57,17 @@ def test_flash_phase_gives_subframe_onsets(fps):
     assert err.max() < 2e-3, f"sub-frame error {err.max() * 1000:.2f} ms (a frame is {1000 / fps:.0f} ms)"
 
 
+def test_flash_with_a_dropped_frame_is_ignored_not_misread():
+    fps, n = 25.0, 100
+    frames = [testmedia.add_marker_box(np.full((48, 64, 3), 60, np.uint8)) for _ in range(n)]
+    for t in (1.01, 2.53):
+        for k, level in testmedia.flash_exposure(t, n, fps).items():
+            frames[k] = testmedia.add_flash(frames[k], level)
+    keep = [k for k in range(n) if k != 26]  # frame 26 (1.04 s, lit 75 %) never arrived
+    found = ev.detect_flashes([k / fps for k in keep], [ev.flash_score(frames[k]) for k in keep])
+    assert len(found) == 1 and abs(found[0] - 2.53) < 1e-3
+
+
 @pytest.mark.parametrize(("offset_s", "flagged", "codec"), [(0.080, True, True), (0.020, False, False),
                                                           (-0.120, True, True), (0.0, False, False)])
 def test_marker_offset_on_generated_clips(tmp_path, offset_s, flagged, codec):
