@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -130,7 +131,8 @@ def test_live_run_two_peers_flags_the_injected_offset(tmp_path):
                           "--stagger", "0.3", "--out", str(out)])
     report = json.loads((out / "report.json").read_text())
     html = (out / "report.html").read_text()
-    assert "<svg" in html and "http://" not in html.replace("http://www.w3.org", "").replace(report["url"], "")
+    # Self-contained: inline SVG, nothing fetched (no scripts, stylesheets, or remote src/href).
+    assert "<svg" in html and not re.search(r"<script|<link|(src|href)=\"(https?:)?//", html)
     rnd = report["rounds"][0]
     clean, late = rnd["peers"]
     assert clean["connected"] and late["connected"], (clean.get("error"), late.get("error"))
