@@ -401,6 +401,7 @@ class AVOffsetEstimator:
         max_pair_s: float = 0.5,
         lip_min_confidence: float = 0.5,
         max_frames: int | None = None,
+        lip_refresh_s: float = 1.0,
     ) -> None:
         if window_s <= 0:
             raise ValueError("window_s must be positive")
@@ -416,7 +417,9 @@ class AVOffsetEstimator:
         self._open_flashes: deque[float] = deque(maxlen=16)
         self._pairs: deque[tuple[float, float]] = deque(maxlen=32)  # (click pts, offset)
         self._latest = 0.0
+        self.lip_refresh_s = lip_refresh_s
         self._lip_cache: tuple[int, LipEstimate | None] | None = None
+        self._lip_at = -math.inf
         self._version = 0
 
     # feeding
@@ -471,9 +474,13 @@ class AVOffsetEstimator:
         return [off for c, off in self._pairs if c >= self._latest - self.window_s]
 
     def lip_estimate(self) -> LipEstimate | None:
-        """Lip-vs-speech offset over the window (cached until new data arrives)."""
-        if self._lip_cache is not None and self._lip_cache[0] == self._version:
+        """Lip-vs-speech offset over the window (~10 ms for 10 s of media, so recomputed at most once
+        per ``lip_refresh_s`` of stream time; the cached verdict is returned in between)."""
+        if self._lip_cache is not None and (
+            self._lip_cache[0] == self._version or self._latest - self._lip_at < self.lip_refresh_s
+        ):
             return self._lip_cache[1]
+        self._lip_at = self._latest
         frames = [f for f in self._frames if f.pts >= self._latest - self.window_s]
         result = None
         if frames:
