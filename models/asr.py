@@ -1,0 +1,880 @@
+"""Whisper speech recognition: offline word transcription, per-session streaming, a shared worker.
+
+* :func:`transcribe_words` — offline: Silero VAD cuts utterances, each is decoded with an audio
+  context of its own length + 0.5 s (not 30 s of padding), word times come from cross-attention
+  DTW and are then refined by :func:`alignment.timing.refine_word_times`.
+* :class:`StreamingASR` — one session: VAD gates compute and endpoints utterances; the current
+  utterance window is re-decoded every ``step_s`` of new speech with the committed words forced
+  as a decoder prefix (not re-decoded); LocalAgreement-2 (a word seen at the same position in two
+  consecutive hypotheses) turns interims into finals; at an endpoint every pending word is
+  finalised at once and an :class:`UtteranceEnd` carries the VAD end of speech.
+* :class:`ASRWorker` — one model shared by many sessions: bounded per-session audio queues (a
+  full queue drops the oldest audio and counts it), round-robin scheduling on one worker thread,
+  an async event stream per session.
+
+Engines sit behind :class:`Engine`: ``"whisper"`` (openai-whisper, variable audio context,
+default) and ``"faster-whisper"`` (CTranslate2 on the bundled directory, 30-s padded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from alignment.timing import refine_word_times
+from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
+from models.vad import StreamingVAD, VADConfig, VADEvent, speech_segments
+from models.whisper_loader import load_whisper, mel_for, model_lock
+
+log = logging.getLogger(__name__)
+
+CONTEXT_PAD_S = 0.5  # audio context = length of audio present + this (DESIGN: best WER)
+MAX_WINDOW_S = 20.0  # a streaming window is re-based once it grows past this
+_PUNCT = re.compile(r"[^\w']+")
+
+
+# --- records -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UtteranceEnd:
+    """The user stopped speaking at ``pts`` (VAD end of speech); ``text`` is the final utterance."""
+
+    pts: float
+    utterance: int
+    text: str
+
+
+ASREvent = WordToken | UtteranceEnd
+
+
+@dataclass(frozen=True)
+class DecodedWord:
+    """A word from one decode, times relative to the decoded audio's first sample.
+
+    ``raw`` keeps Whisper's leading space and punctuation so it can be re-tokenised exactly.
+    """
+
+    raw: str
+    start: float
+    end: float
+    probability: float
+
+    @property
+    def text(self) -> str:
+        return self.raw.strip()
+
+    @property
+    def key(self) -> str:
+        """Comparison form: lower case, punctuation removed."""
+        return normalize_word(self.raw)
+
+
+def normalize_word(word: str) -> str:
+    """Lower case without punctuation (for agreement and WER)."""
+    return _PUNCT.sub("", word.lower())
+
+
+# --- engines -------------------------------------------------------------------------------------
+
+
+class Engine(Protocol):
+    """One Whisper backend: decode a short window of 16 kHz audio into timed words."""
+
+    name: str
+    forces_prefix: bool  # True: the returned words start with ``prefix`` exactly
+
+    def transcribe(
+        self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = ""
+    ) -> list[DecodedWord]:
+        """Words of ``audio`` (times relative to its start); ``prefix`` = raw committed words."""
+        ...
+
+
+class WhisperEngine:
+    """openai-whisper greedy decoding over the audio present (+0.5 s), DTW word times.
+
+    Decoding is a small greedy loop with a key/value cache rather than ``whisper.decode`` so the
+    per-call set-up (~0.2 s of tokenizer work) is paid once, the encoder runs once per call for
+    both decoding and alignment, and the committed prefix is fed in one forward pass.
+    """
+
+    name = "whisper"
+    forces_prefix = True
+
+    def __init__(
+        self, model=None, context_pad_s: float = CONTEXT_PAD_S, threads: int = 1  # noqa: ANN001
+    ) -> None:
+        import whisper.tokenizer
+
+        # torch's intra-op thread count is per calling thread (OpenMP), so this binds only the
+        # threads that decode. One thread: on 2 shared cores under load, 2 threads measured ~10x
+        # slower per decode (barrier waits), and the worker serialises decodes anyway.
+        self.threads = threads
+
+        self.model = model if model is not None else load_whisper()
+        self.lock = model_lock(self.model)
+        self.context_pad_s = context_pad_s
+        dims = self.model.dims
+        self.tokenizer = whisper.tokenizer.get_tokenizer(
+            self.model.is_multilingual, num_languages=self.model.num_languages, language="en",
+            task="transcribe",
+        )
+        tok = self.tokenizer
+        self._sot_seq = list(tok.sot_sequence_including_notimestamps)
+        suppress = set(tok.non_speech_tokens)
+        mask = torch.zeros(dims.n_vocab, dtype=torch.bool)
+        mask[list(suppress)] = True
+        mask[tok.eot + 1 :] = True  # every special and timestamp token; eot stays allowed
+        self._suppress = mask
+        self._blank = [*tok.encode(" "), tok.eot]
+        self.n_text_ctx = dims.n_text_ctx
+
+    # The model is shared: every forward pass below runs under ``self.lock``.
+    def transcribe(
+        self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = ""
+    ) -> list[DecodedWord]:
+        audio = np.asarray(audio, np.float32).reshape(-1)
+        if audio.size < SAMPLE_RATE // 10:
+            return []
+        dur = audio.size / SAMPLE_RATE
+        num_frames = audio.size // 160
+        prefix_tokens = self.tokenizer.encode("".join(prefix)) if prefix else []
+        prev_threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            mel = mel_for(audio, dur + self.context_pad_s, self.model.dims.n_mels)
+            num_frames = min(num_frames, mel.shape[-1])
+            with self.lock, torch.inference_mode():
+                feats = self.model.encoder(mel.unsqueeze(0))
+                text_tokens, no_speech, avg_lp = self._greedy(feats, prefix_tokens, prompt, dur)
+                if not prefix_tokens and no_speech > 0.6 and avg_lp < -1.0:
+                    return []  # Whisper's own no-speech rule
+                words = self._align(feats, text_tokens, num_frames)
+        finally:
+            torch.set_num_threads(prev_threads)
+        # Words aligned to the very end of the audio are continuations the model made up.
+        n_keep = len(words)
+        while n_keep > len(prefix) and words[n_keep - 1].start >= dur - 0.06:
+            n_keep -= 1
+        return words[:n_keep]
+
+    def _greedy(
+        self, feats: torch.Tensor, prefix_tokens: list[int], prompt: str, dur: float
+    ) -> tuple[list[int], float, float]:
+        tok = self.tokenizer
+        initial: list[int] = []
+        if prompt.strip():
+            initial = [tok.sot_prev, *tok.encode(" " + prompt.strip())[-(self.n_text_ctx // 2 - 1) :]]
+        sot_index = len(initial)
+        initial += self._sot_seq
+        tokens = initial + prefix_tokens
+        budget = min(int(dur * 8) + 8, self.n_text_ctx // 2, self.n_text_ctx - len(tokens) - 1)
+        cache, hooks = self.model.install_kv_cache_hooks()
+        out: list[int] = []
+        sum_lp = 0.0
+        try:
+            logits = self.model.decoder(torch.tensor([tokens]), feats, kv_cache=cache)[0]
+            no_speech = float(logits[sot_index].float().softmax(-1)[tok.no_speech])
+            step = logits[-1]
+            for i in range(max(budget, 0)):
+                step = step.float().masked_fill(self._suppress, -np.inf)
+                if i == 0 and not prefix_tokens:
+                    step[self._blank] = -np.inf
+                lp = step.log_softmax(-1)
+                nxt = int(lp.argmax())
+                if nxt == tok.eot:
+                    break
+                sum_lp += float(lp[nxt])
+                out.append(nxt)
+                keep = _loop_cut(out)
+                if keep < len(out):
+                    del out[keep:]
+                    break
+                step = self.model.decoder(torch.tensor([[nxt]]), feats, kv_cache=cache)[0, -1]
+        finally:
+            for h in hooks:
+                h.remove()
+        return prefix_tokens + out, no_speech, sum_lp / max(len(out), 1)
+
+    def _align(self, feats: torch.Tensor, text_tokens: list[int], num_frames: int) -> list[DecodedWord]:
+        """Cross-attention DTW (whisper.timing.find_alignment, reusing the encoded audio)."""
+        from whisper.model import disable_sdpa
+        from whisper.timing import TOKENS_PER_SECOND, WordTiming, dtw, median_filter, merge_punctuations
+
+        tok = self.tokenizer
+        if not text_tokens:
+            return []
+        tokens = torch.tensor([[*self._sot_seq, *text_tokens, tok.eot]])
+        qks: list[torch.Tensor | None] = [None] * self.model.dims.n_text_layer
+        hooks = [
+            block.cross_attn.register_forward_hook(
+                lambda _m, _i, outs, index=i: qks.__setitem__(index, outs[-1][0])
+            )
+            for i, block in enumerate(self.model.decoder.blocks)
+        ]
+        try:
+            with disable_sdpa():
+                logits = self.model.decoder(tokens, feats)[0]
+        finally:
+            for h in hooks:
+                h.remove()
+        n_sot = len(self._sot_seq)
+        probs = logits[n_sot - 1 : -2, : tok.eot].float().softmax(-1)
+        token_probs = probs[np.arange(len(text_tokens)), text_tokens].tolist()
+        heads = self.model.alignment_heads.indices().T
+        weights = torch.stack([qks[int(layer)][int(head)] for layer, head in heads])
+        weights = weights[:, :, : max(num_frames // 2, 1)]
+        weights = weights.float().softmax(-1)
+        std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+        weights = median_filter((weights - mean) / (std + 1e-9), 7)
+        matrix = weights.mean(0)[n_sot - 1 : -1]  # rows: <|notimestamps|> + text tokens
+        text_idx, time_idx = dtw(-matrix.double())
+        words, word_tokens = tok.split_to_word_tokens(text_tokens + [tok.eot])
+        if len(word_tokens) <= 1:
+            return []
+        bounds = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
+        jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
+        jump_times = time_idx[jumps] / TOKENS_PER_SECOND
+        timings = [
+            WordTiming(w, t, float(jump_times[b0]), float(jump_times[b1]), float(np.mean(token_probs[b0:b1])))
+            for w, t, b0, b1 in zip(words[:-1], word_tokens[:-1], bounds[:-1], bounds[1:], strict=True)
+        ]
+        merge_punctuations(timings, "\"'“¿([{-", "\"'.。,，!！?？:：”)]}、")
+        return [
+            DecodedWord(t.word, t.start, max(t.end, t.start), t.probability)
+            for t in timings
+            if t.word and normalize_word(t.word)
+        ]
+
+
+def _loop_cut(tokens: list[int]) -> int:
+    """Length to keep when greedy decoding has started to loop, else ``len(tokens)``.
+
+    A span of 4+ tokens repeated back to back, or a 1-3 token span repeated four times, is a loop
+    (tiny.en does this on short contexts); the repeats are cut, the first occurrence kept.
+    """
+    n = len(tokens)
+    for k in range(1, n // 2 + 1):
+        reps = 2 if k >= 4 else 4
+        if n >= k * reps and all(tokens[n - k * (r + 1) : n - k * r] == tokens[n - k :] for r in range(reps)):
+            return n - k * (reps - 1)
+    return n
+
+
+class FasterWhisperEngine:
+    """faster-whisper (CTranslate2, int8) on the bundled tiny.en directory; pads every call to 30 s."""
+
+    name = "faster-whisper"
+    forces_prefix = False
+
+    def __init__(self, model_dir: str | None = None, compute_type: str = "int8", cpu_threads: int = 1) -> None:
+        from faster_whisper import WhisperModel
+
+        from models.whisper_loader import bundled_model_dir
+
+        path = model_dir or bundled_model_dir()
+        if path is None:
+            raise RuntimeError("faster-whisper engine needs a CTranslate2 model directory")
+        self.model = WhisperModel(str(path), device="cpu", compute_type=compute_type, cpu_threads=cpu_threads)
+        self.lock = threading.Lock()
+
+    def transcribe(
+        self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = ""
+    ) -> list[DecodedWord]:
+        audio = np.asarray(audio, np.float32).reshape(-1)
+        if audio.size < SAMPLE_RATE // 10:
+            return []
+        with self.lock:
+            segments, _info = self.model.transcribe(
+                audio, language="en", beam_size=1, best_of=1, temperature=0.0, word_timestamps=True,
+                condition_on_previous_text=False, initial_prompt=prompt or None, vad_filter=False,
+            )
+            return [
+                DecodedWord(w.word, float(w.start), float(w.end), float(w.probability))
+                for seg in segments
+                for w in (seg.words or [])
+                if normalize_word(w.word)
+            ]
+
+
+_ENGINES: dict[tuple[str, int], Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def get_engine(engine: str | Engine = "whisper", model=None) -> Engine:  # noqa: ANN001
+    """An engine by name (``"whisper"`` | ``"faster-whisper"``), one instance per process/model."""
+    if not isinstance(engine, str):
+        return engine
+    if engine not in ("whisper", "faster-whisper"):
+        raise ValueError(f"unknown ASR engine {engine!r}; choose 'whisper' or 'faster-whisper'")
+    key = (engine, id(model) if model is not None else 0)
+    with _ENGINES_LOCK:
+        if key not in _ENGINES:
+            _ENGINES[key] = WhisperEngine(model) if engine == "whisper" else FasterWhisperEngine()
+        return _ENGINES[key]
+
+
+# --- offline -------------------------------------------------------------------------------------
+
+
+def _check_audio(audio: np.ndarray) -> np.ndarray:
+    arr = np.asarray(audio)
+    if arr.ndim != 1:
+        raise ValueError(f"audio must be 1-D mono 16 kHz samples, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.floating):
+        raise ValueError(f"audio must be float samples in [-1, 1], got dtype {arr.dtype}")
+    arr = arr.astype(np.float32, copy=False)
+    if arr.size and not np.all(np.isfinite(arr)):
+        raise ValueError("audio contains NaN or infinite samples")
+    return arr
+
+
+def transcribe_words(
+    audio: np.ndarray,
+    t0: float = 0.0,
+    model=None,  # noqa: ANN001 - an openai-whisper model; default: load_whisper()
+    refine: bool = True,
+    engine: str | Engine = "whisper",
+    pad_s: float = 0.2,
+) -> list[WordToken]:
+    """All words in ``audio`` (t0 = pts of ``audio[0]``), final, on the session clock.
+
+    Each VAD utterance (padded by ``pad_s``, split at 25 s) is decoded on its own with a variable
+    audio context; word times come from cross-attention DTW, then the timing refinement.
+    """
+    audio = _check_audio(audio)
+    if audio.size < SAMPLE_RATE // 10:
+        return []
+    eng = get_engine(engine, model)
+    segs = speech_segments(audio, VADConfig(min_silence_s=0.3))
+    pieces: list[tuple[int, int]] = []
+    for s, e in segs:
+        a = max(int((s - pad_s) * SAMPLE_RATE), 0)
+        b = min(int((e + pad_s) * SAMPLE_RATE), audio.size)
+        while b - a > 25 * SAMPLE_RATE:
+            pieces.append((a, a + 25 * SAMPLE_RATE))
+            a += 25 * SAMPLE_RATE
+        if b > a:
+            pieces.append((a, b))
+    words: list[WordToken] = []
+    for utt, (a, b) in enumerate(pieces):
+        for i, w in enumerate(eng.transcribe(audio[a:b])):
+            base = t0 + a / SAMPLE_RATE
+            words.append(WordToken(w.text, base + w.start, base + w.end, True, w.probability, utt, i))
+    if refine and words:
+        words = list(refine_word_times(audio, t0, words))
+    return words
+
+
+# --- streaming -----------------------------------------------------------------------------------
+
+
+class _AudioBuffer:
+    """Recent audio of one stream with its pts; trimmed from the front, never grows past capacity."""
+
+    def __init__(self, capacity_s: float) -> None:
+        self._data = np.zeros(int(capacity_s * SAMPLE_RATE), np.float32)
+        self._len = 0
+        self.start = 0.0  # pts of the first held sample
+
+    @property
+    def end(self) -> float:
+        return self.start + self._len / SAMPLE_RATE
+
+    def reset(self, pts: float) -> None:
+        self._len, self.start = 0, pts
+
+    def append(self, samples: np.ndarray) -> None:
+        n = samples.size
+        cap = self._data.size
+        if n >= cap:
+            self.start = self.end + (n - cap) / SAMPLE_RATE
+            self._data[:] = samples[-cap:]
+            self._len = cap
+            return
+        if self._len + n > cap:
+            self.trim_before(self.start + (self._len + n - cap) / SAMPLE_RATE)
+        self._data[self._len : self._len + n] = samples
+        self._len += n
+
+    def trim_before(self, pts: float) -> None:
+        k = min(max(int(round((pts - self.start) * SAMPLE_RATE)), 0), self._len)
+        if k:
+            self._data[: self._len - k] = self._data[k : self._len]
+            self._len -= k
+            self.start += k / SAMPLE_RATE
+
+    def slice(self, a: float, b: float) -> np.ndarray:
+        i = min(max(int(round((a - self.start) * SAMPLE_RATE)), 0), self._len)
+        j = min(max(int(round((b - self.start) * SAMPLE_RATE)), i), self._len)
+        return self._data[i:j].copy()
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    """Streaming knobs; defaults meet the latency targets on two cores with tiny.en."""
+
+    step_s: float = 0.3  # re-decode after this much new speech audio
+    min_silence_s: float = 0.25  # VAD silence that ends an utterance
+    vad_threshold: float = 0.5
+    pre_roll_s: float = 0.25  # audio kept before the VAD start
+    tail_s: float = 0.15  # audio kept after the VAD end when finalising
+    lookahead_s: float = 0.2  # refinement may look this far past a word (bounded)
+    agreement: int = 2  # LocalAgreement-n
+    max_window_s: float = MAX_WINDOW_S
+    max_gap_s: float = 1.0  # a pts gap up to this is filled with silence; longer restarts the stream
+    refine: bool = True
+
+    def __post_init__(self) -> None:
+        if self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2:
+            raise ValueError(f"invalid streaming config {self}")
+
+
+class StreamingASR:
+    """Per-session streaming recogniser. Not thread-safe; one caller at a time (the worker).
+
+    ``feed(chunk)`` and ``flush()`` return :data:`ASREvent` lists in emission order: interim
+    WordTokens (``final=False``; a later token with the same ``utterance`` and ``index`` replaces
+    it; interims past the last index of a later hypothesis are stale), final WordTokens (never
+    change), and :class:`UtteranceEnd` after each utterance's finals.
+    """
+
+    def __init__(
+        self,
+        engine: str | Engine = "whisper",
+        config: StreamingConfig | None = None,
+        model=None,  # noqa: ANN001
+    ) -> None:
+        self.config = config or StreamingConfig()
+        self.engine = get_engine(engine, model)
+        cfg = self.config
+        self._vad = StreamingVAD(VADConfig(threshold=cfg.vad_threshold, min_silence_s=cfg.min_silence_s))
+        self._buf = _AudioBuffer(cfg.max_window_s + cfg.pre_roll_s + cfg.min_silence_s + 3.0)
+        self._started = False
+        self._pos = 0.0  # pts of the next expected sample
+        self._utt = -1
+        self._in_utt = False
+        self._win_start = 0.0
+        self._committed: list[DecodedWord] = []  # finals in the current window (window-relative)
+        self._n_final = 0  # finals emitted in the current utterance
+        self._prompt = ""  # finals of this utterance before the current window
+        self._hyp: list[DecodedWord] = []  # last hypothesis after the committed words
+        self._hyp_history: deque[list[str]] = deque(maxlen=max(self.config.agreement - 1, 1))
+        self._decoded_until = 0.0
+        self._utt_text: list[str] = []
+        self.decode_count = 0
+        self.decode_s = 0.0
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def feed(self, chunk: AudioChunk) -> list[ASREvent]:
+        """Consume one chunk; decode at most once; return the events it produced."""
+        samples = _check_audio(chunk.samples)
+        events: list[ASREvent] = []
+        if not self._started:
+            self._started = True
+            self._pos = chunk.pts
+            self._vad.reset(chunk.pts)
+            self._buf.reset(chunk.pts)
+        gap = chunk.pts - self._pos
+        if gap > self.config.max_gap_s:
+            events += self._end_stream()
+            self._pos = chunk.pts
+            self._vad.reset(chunk.pts)
+            self._buf.reset(chunk.pts)
+        elif gap > 0.5 / SAMPLE_RATE:
+            samples = np.concatenate([np.zeros(int(round(gap * SAMPLE_RATE)), np.float32), samples])
+        elif gap < -0.5 / SAMPLE_RATE:
+            samples = samples[min(int(round(-gap * SAMPLE_RATE)), samples.size) :]
+        if samples.size == 0:
+            return events
+        self._buf.append(samples)
+        self._pos += samples.size / SAMPLE_RATE
+        for ev in self._vad.feed(samples):
+            events += self._on_vad(ev)
+        if self._in_utt:
+            if self._vad.pts - self._decoded_until >= self.config.step_s - 1e-9:
+                events += self._decode_step()
+        else:
+            self._buf.trim_before(self._buf.end - self.config.pre_roll_s)
+        return events
+
+    def flush(self) -> list[ASREvent]:
+        """End of input: finalise the open utterance, if any."""
+        events: list[ASREvent] = []
+        for ev in self._vad.flush():
+            events += self._on_vad(ev)
+        return events
+
+    def _end_stream(self) -> list[ASREvent]:
+        return self.flush()
+
+    # -- utterances ------------------------------------------------------------------------------
+
+    def _on_vad(self, ev: VADEvent) -> list[ASREvent]:
+        cfg = self.config
+        if ev.kind == "start":
+            if self._in_utt:
+                return []
+            self._in_utt = True
+            self._utt += 1
+            self._win_start = max(ev.pts - cfg.pre_roll_s, self._buf.start)
+            self._committed, self._hyp, self._prompt = [], [], ""
+            self._hyp_history.clear()
+            self._n_final = 0
+            self._utt_text = []
+            self._decoded_until = ev.pts
+            return []
+        if not self._in_utt:
+            return []
+        end = ev.pts
+        audio_end = min(end + cfg.tail_s, self._buf.end)
+        events = self._finalise(audio_end)
+        self._in_utt = False
+        events.append(UtteranceEnd(end, self._utt, " ".join(self._utt_text)))
+        self._buf.trim_before(self._buf.end - cfg.pre_roll_s)
+        return events
+
+    def _decode(self, audio_end: float) -> list[DecodedWord]:
+        """Decode the window up to ``audio_end``; return the words after the committed ones."""
+        audio = self._buf.slice(self._win_start, audio_end)
+        prefix = [w.raw for w in self._committed]
+        t = time.perf_counter()
+        words = self.engine.transcribe(audio, prefix=prefix, prompt=self._prompt)
+        self.decode_s += time.perf_counter() - t
+        self.decode_count += 1
+        self._decoded_until = audio_end
+        if self.engine.forces_prefix:
+            return words[len(self._committed) :]
+        return _after_committed(words, self._committed)
+
+    def _decode_step(self) -> list[ASREvent]:
+        cfg = self.config
+        if self._vad.pts - self._win_start > cfg.max_window_s:
+            self._rebase()
+        new = self._decode(self._vad.pts)
+        keys = [w.key for w in new]
+        n_agree = len(new)
+        for old in self._hyp_history:
+            n = 0
+            while n < min(len(old), len(keys)) and old[n] == keys[n]:
+                n += 1
+            n_agree = min(n_agree, n)
+        if len(self._hyp_history) < max(cfg.agreement - 1, 1) and cfg.agreement > 1:
+            n_agree = 0
+        if cfg.agreement <= 1:
+            n_agree = len(new)
+        finals = new[:n_agree]
+        self._hyp = new[n_agree:]
+        self._hyp_history.append([w.key for w in self._hyp])
+        events = self._emit_finals(finals)
+        base = self._win_start
+        for i, w in enumerate(self._hyp):
+            events.append(WordToken(w.text, base + w.start, base + w.end, False, w.probability,
+                                    self._utt, self._n_final + i))
+        return events
+
+    def _finalise(self, audio_end: float) -> list[ASREvent]:
+        """Every pending word of the utterance becomes final (one more decode if audio is new)."""
+        if audio_end - self._decoded_until > 0.05 or not self._hyp:
+            pending = self._decode(audio_end)
+        else:
+            pending = self._hyp
+        self._hyp = []
+        self._hyp_history.clear()
+        return self._emit_finals(pending)
+
+    def _emit_finals(self, words: list[DecodedWord]) -> list[ASREvent]:
+        if not words:
+            return []
+        base = self._win_start
+        toks = [
+            WordToken(w.text, base + w.start, base + w.end, True, w.probability, self._utt, self._n_final + i)
+            for i, w in enumerate(words)
+        ]
+        if self.config.refine:
+            audio = self._buf.slice(self._buf.start, self._buf.end)
+            toks = [replace(t, final=True) for t in
+                    refine_word_times(audio, self._buf.start, toks, lookahead_s=self.config.lookahead_s)]
+        self._committed.extend(words)
+        self._n_final += len(words)
+        self._utt_text.extend(w.text for w in words)
+        return list(toks)
+
+    def _rebase(self) -> None:
+        """Window too long: restart it after the last final word, keeping finals as the prompt."""
+        if not self._committed:
+            return
+        last_end = self._win_start + self._committed[-1].end
+        self._prompt = (self._prompt + "".join(w.raw for w in self._committed)).strip()[-400:]
+        self._committed = []
+        self._win_start = last_end
+        self._buf.trim_before(last_end)
+
+
+def _after_committed(words: list[DecodedWord], committed: list[DecodedWord]) -> list[DecodedWord]:
+    """For engines that cannot force a prefix: the words after the committed ones.
+
+    Words that start before the last committed word ended (less 0.1 s) are dropped, then any
+    1-5 word overlap between the committed tail and the new head is removed (as in
+    whisper_streaming's hypothesis buffer).
+    """
+    if not committed:
+        return words
+    cut = committed[-1].end - 0.1
+    new = [w for w in words if w.start > cut]
+    for n in range(min(5, len(committed), len(new)), 0, -1):
+        if [w.key for w in committed[-n:]] == [w.key for w in new[:n]]:
+            return new[n:]
+    return new
+
+
+# --- shared worker -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """A snapshot of the worker: queued audio, drops, decode cost."""
+
+    streams: int
+    queue_depth: int  # chunks waiting, all streams
+    queued_s: float  # audio seconds waiting, all streams
+    dropped_chunks: int
+    dropped_s: float
+    decodes: int
+    decode_ms_mean: float
+    decode_ms_last: float
+    events_dropped: int
+
+
+class ASRStream:
+    """One session's handle on an :class:`ASRWorker` (create with ``worker.open(session_id)``)."""
+
+    def __init__(self, worker: ASRWorker, session_id: str, asr: StreamingASR, max_queue_s: float,
+                 max_events: int, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.worker = worker
+        self.session_id = session_id
+        self.asr = asr
+        self.max_queue_s = max_queue_s
+        self._chunks: deque[AudioChunk] = deque()
+        self._queued_s = 0.0
+        self.dropped_chunks = 0
+        self.dropped_s = 0.0
+        self.events_dropped = 0
+        self._loop = loop
+        self._events: asyncio.Queue[ASREvent | None] = asyncio.Queue(maxsize=max_events)
+        self.closed = False
+        self.finished = False
+
+    # Called on the event loop (or any thread): never blocks.
+    def push(self, chunk: AudioChunk) -> None:
+        """Queue audio for recognition; a full queue drops the oldest audio and counts it."""
+        if self.closed:
+            raise RuntimeError(f"ASR stream {self.session_id!r} is closed")
+        with self.worker._cond:
+            self._chunks.append(chunk)
+            self._queued_s += chunk.duration
+            while self._queued_s > self.max_queue_s and len(self._chunks) > 1:
+                old = self._chunks.popleft()
+                self._queued_s -= old.duration
+                self.dropped_chunks += 1
+                self.dropped_s += old.duration
+            self.worker._cond.notify()
+
+    def close(self) -> None:
+        """No more audio: the worker flushes this stream, then the event iterator ends."""
+        with self.worker._cond:
+            self.closed = True
+            self.worker._cond.notify()
+
+    async def events(self) -> AsyncIterator[ASREvent]:
+        """Every event of this stream until it is closed and flushed."""
+        while True:
+            ev = await self._events.get()
+            if ev is None:
+                return
+            yield ev
+
+    def _take(self, max_chunks: int) -> list[AudioChunk]:
+        out: list[AudioChunk] = []
+        while self._chunks and len(out) < max_chunks:
+            c = self._chunks.popleft()
+            self._queued_s -= c.duration
+            out.append(c)
+        return out
+
+    def _deliver(self, items: list[ASREvent | None]) -> None:
+        def put() -> None:
+            for ev in items:
+                while True:
+                    try:
+                        self._events.put_nowait(ev)
+                        break
+                    except asyncio.QueueFull:
+                        self._events.get_nowait()  # drop the oldest undelivered event
+                        self.events_dropped += 1
+
+        if self._loop is None or self._loop.is_closed():
+            put()
+        else:
+            self._loop.call_soon_threadsafe(put)
+
+
+class ASRWorker:
+    """One model, many sessions: round-robin on a worker thread, bounded queues everywhere.
+
+    Each turn takes one session's queued chunks (at most ``max_chunks_per_turn``), feeds them to
+    its :class:`StreamingASR` (which decodes at most once per feed), and hands events to that
+    session's asyncio queue on its event loop.
+    """
+
+    def __init__(
+        self,
+        engine: str | Engine = "whisper",
+        config: StreamingConfig | None = None,
+        max_queue_s: float = 5.0,
+        max_events: int = 512,
+        max_streams: int = 64,
+        max_chunks_per_turn: int = 64,
+        model=None,  # noqa: ANN001
+        autostart: bool = True,
+    ) -> None:
+        self.engine = get_engine(engine, model)
+        self.config = config or StreamingConfig()
+        self.max_queue_s = max_queue_s
+        self.max_events = max_events
+        self.max_streams = max_streams
+        self.max_chunks_per_turn = max_chunks_per_turn
+        self._streams: dict[str, ASRStream] = {}
+        self._order: deque[str] = deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._decodes = 0
+        self._decode_s = 0.0
+        self._last_ms = 0.0
+        self._thread = threading.Thread(target=self._run, name="asr-worker", daemon=True)
+        if autostart:
+            self.start()
+
+    def start(self) -> None:
+        """Start the worker thread (done by the constructor unless ``autostart=False``)."""
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def warmup(self) -> float:
+        """Run one real inference (encoder, decoder, alignment); return its wall seconds."""
+        from app.testmedia import EspeakUnavailable, synthesize_speech
+
+        try:
+            audio = synthesize_speech("warm up", lead_in_s=0.1).samples
+        except EspeakUnavailable:
+            rng = np.random.default_rng(0)
+            audio = (0.05 * rng.standard_normal(SAMPLE_RATE)).astype(np.float32)
+        t = time.perf_counter()
+        self.engine.transcribe(audio)
+        return time.perf_counter() - t
+
+    def open(self, session_id: str) -> ASRStream:
+        """A new session stream; call from the event loop that will iterate its events."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self._cond:
+            if self._stop:
+                raise RuntimeError("ASR worker is stopped")
+            if session_id in self._streams:
+                raise ValueError(f"ASR session {session_id!r} is already open")
+            if len(self._streams) >= self.max_streams:
+                raise RuntimeError(f"ASR worker is full ({self.max_streams} sessions)")
+            stream = ASRStream(self, session_id, StreamingASR(self.engine, self.config), self.max_queue_s,
+                               self.max_events, loop)
+            self._streams[session_id] = stream
+            self._order.append(session_id)
+            return stream
+
+    def stats(self) -> WorkerStats:
+        with self._cond:
+            streams = list(self._streams.values())
+            return WorkerStats(
+                streams=len(streams),
+                queue_depth=sum(len(s._chunks) for s in streams),
+                queued_s=round(sum(s._queued_s for s in streams), 3),
+                dropped_chunks=sum(s.dropped_chunks for s in streams),
+                dropped_s=round(sum(s.dropped_s for s in streams), 3),
+                decodes=self._decodes,
+                decode_ms_mean=round(1000 * self._decode_s / max(self._decodes, 1), 2),
+                decode_ms_last=round(self._last_ms, 2),
+                events_dropped=sum(s.events_dropped for s in streams),
+            )
+
+    def stop(self) -> None:
+        """Stop the thread (pending audio is discarded); streams' iterators end."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        for s in list(self._streams.values()):
+            s._deliver([None])
+
+    def _next(self) -> tuple[ASRStream, list[AudioChunk], bool] | None:
+        """Round-robin: the next session with audio or a pending close (under the lock)."""
+        for _ in range(len(self._order)):
+            sid = self._order[0]
+            self._order.rotate(-1)
+            s = self._streams[sid]
+            if s._chunks:
+                return s, s._take(self.max_chunks_per_turn), False
+            if s.closed and not s.finished:
+                return s, [], True
+        return None
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                job = self._next()
+                while job is None and not self._stop:
+                    self._cond.wait()
+                    job = self._next()
+                if self._stop:
+                    return
+            assert job is not None
+            stream, chunks, closing = job
+            try:
+                events: list[ASREvent | None] = []
+                before_n, before_s = stream.asr.decode_count, stream.asr.decode_s
+                for c in chunks:
+                    events += stream.asr.feed(c)
+                if closing:
+                    events += stream.asr.flush()
+                    events.append(None)
+                n = stream.asr.decode_count - before_n
+                if n:
+                    spent = stream.asr.decode_s - before_s
+                    self._decodes += n
+                    self._decode_s += spent
+                    self._last_ms = 1000 * spent / n
+            except Exception:  # a bad stream must not take the worker down
+                log.exception("ASR failed for session %s; closing it", stream.session_id)
+                events = [None]
+                closing = True
+            if events:
+                stream._deliver(events)
+            if closing:
+                with self._cond:
+                    stream.finished = True
+                    self._streams.pop(stream.session_id, None)
+                    if stream.session_id in self._order:
+                        self._order.remove(stream.session_id)
