@@ -223,7 +223,9 @@ class _FlashStream:
         self._run.append((pts, score))
         if score - base > _FLASH_STEP:
             if len(self._run) > _FLASH_MAX_FRAMES + 2:
-                self._run = []  # lasting brightness: scene content, not a marker
+                self._run = []  # lasting brightness: scene content, not a marker; a new baseline
+                self._recent.clear()
+                self._recent.append((pts, score))
             return None
         run, self._run = self._run, []
         self._recent.append((pts, score))

@@ -68,6 +68,15 @@ def test_flash_with_a_dropped_frame_is_ignored_not_misread():
     assert len(found) == 1 and abs(found[0] - 2.53) < 1e-3
 
 
+def test_lasting_brightness_change_is_not_a_flash_and_resets_the_baseline():
+    fps, n = 25.0, 120
+    frames = [np.full((48, 64, 3), 20 if k < 40 else 150, np.uint8) for k in range(n)]  # the scene brightens
+    for k, level in testmedia.flash_exposure(3.01, n, fps).items():
+        frames[k] = testmedia.add_flash(frames[k], 150 / 255 + level * (1 - 150 / 255))
+    found = ev.detect_flashes([k / fps for k in range(n)], [ev.flash_score(f) for f in frames])
+    assert len(found) == 1 and abs(found[0] - 3.01) < 1e-3
+
+
 @pytest.mark.parametrize(("offset_s", "flagged", "codec"), [(0.080, True, True), (0.020, False, False),
                                                           (-0.120, True, True), (0.0, False, False)])
 def test_marker_offset_on_generated_clips(tmp_path, offset_s, flagged, codec):
