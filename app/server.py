@@ -391,11 +391,13 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     async def healthz() -> dict[str, Any]:
         return {"status": "ok", "sessions": len(sessions)}
 
+    def ready_body() -> dict[str, Any]:
+        return {"ready": state.ready, "ready_after_s": state.ready_after_s, "cold_start": state.cold_start,
+                "missing": state.stages.missing, "sessions": len(sessions), "max_sessions": config.max_sessions}
+
     @app.get("/readyz")
     async def readyz() -> Response:
-        body = {"ready": state.ready, "ready_after_s": state.ready_after_s, "cold_start": state.cold_start,
-                "missing": state.stages.missing, "sessions": len(sessions), "max_sessions": config.max_sessions}
-        return JSONResponse(body, status_code=200 if state.ready else 503)
+        return JSONResponse(ready_body(), status_code=200 if state.ready else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -411,7 +413,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
         from app.ui import mount_ui
 
-        app = mount_ui(app, config)
+        app = mount_ui(app, config, ready=ready_body)
     return app
 
 

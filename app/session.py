@@ -379,16 +379,10 @@ class Session:
             self.fail_stage("asr", exc)
 
     def _on_token(self, tok: WordToken) -> None:
-        next_frame = self.output.next_index
-        ideal = frames_for_time(tok.start)
         key = (tok.utterance, tok.index)
         prev = self._tokens.get(key)
-        if (prev is not None and prev.frames and prev.frames[0] < next_frame
-                and _norm(prev.token.text) == _norm(tok.text)):
-            frames = prev.frames  # this word is already on screen: its caption was presented then
-        else:
-            frames = tuple(k for k in ideal if k >= next_frame) or (next_frame,)
-        late = bool(ideal) and frames[0] != ideal[0]
+        frames, late = place_token(tok, prev.token if prev else None, prev.frames if prev else (),
+                                   self.output.next_index)
         shown = _Shown(tok, frames, late)
         if prev is not None:
             for k in prev.frames:
@@ -656,6 +650,24 @@ class OutputTrack(MediaStreamTrack):
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def place_token(
+    tok: WordToken, prev: WordToken | None, prev_frames: tuple[int, ...], next_frame: int
+) -> tuple[tuple[int, ...], bool]:
+    """The output frames that will actually carry ``tok``, and whether that is later than ideal.
+
+    Ideal: the frames within ±40 ms of its start. Frames already sent cannot carry it any more, so
+    a token that arrives after its frames went out is drawn on the next frame (``late``). A revision
+    of a word already on screen (same text) keeps the frames it was first presented on.
+    """
+    ideal = frames_for_time(tok.start)
+    if prev is not None and prev_frames and prev_frames[0] < next_frame and _norm(prev.text) == _norm(tok.text):
+        frames = prev_frames
+    else:
+        frames = tuple(k for k in ideal if k >= next_frame) or (next_frame,)
+    late = bool(ideal) and frames[0] != ideal[0]
+    return frames, late
 
 
 def _hook_receiver(receiver: Any, tclock: TrackClock) -> None:

@@ -1,9 +1,77 @@
-"""Gradio page (placeholder until the full UI lands)."""
+"""The browser page at ``/``: Gradio 6 layout plus a small WebRTC client script talking to ``/whip``.
+
+Why not fastrtc: fastrtc (0.0.34) pins ``gradio < 6`` and brings its own signaling; we want Gradio 6
+and one signaling path for every client (browser, aiortc peers, load tester). So the page is a Gradio
+``Blocks`` whose live panel is plain HTML driven by ``app/static/synchrony.js`` (injected through the
+page ``head``): it opens the camera and microphone, posts a WHIP offer with an ``events``
+DataChannel, plays the returned video, and draws the events (transcript with per-word times, AU bars,
+load level and token rate, Level-3 status, LST figures). Gradio itself shows the server's readiness
+and cold-start figures.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+_PANEL = """
+<div id="sy-app" data-auth="{auth}">
+  <div class="sy-bar">
+    <button id="sy-start" class="sy-btn">Start camera &amp; microphone</button>
+    <button id="sy-stop" class="sy-btn sy-secondary" disabled>Stop</button>
+    <input id="sy-token" class="sy-token" type="password" placeholder="access token" />
+    <span id="sy-status" class="sy-status">idle</span>
+  </div>
+  <div class="sy-videos">
+    <figure><video id="sy-local" autoplay playsinline muted></video><figcaption>your camera</figcaption></figure>
+    <figure><video id="sy-remote" autoplay playsinline muted></video>
+      <figcaption>returned 16 fps video (captions on their frames)</figcaption></figure>
+  </div>
+  <div class="sy-grid">
+    <section class="sy-card sy-wide"><h3>Transcript <small>word · start–end (s, session clock)</small></h3>
+      <div id="sy-transcript" class="sy-transcript"><span class="sy-empty">speak, and the words appear here</span></div>
+    </section>
+    <section class="sy-card"><h3>Action units</h3><div id="sy-aus" class="sy-aus"></div>
+      <div id="sy-face" class="sy-note">no face yet</div></section>
+    <section class="sy-card"><h3>Cognitive load</h3>
+      <div class="sy-big"><span id="sy-load">–</span></div>
+      <div id="sy-policy" class="sy-note">token rate –</div>
+      <h3>Level-3 sync</h3><div id="sy-sync" class="sy-badge sy-unknown">waiting for words</div>
+      <div id="sy-sync-note" class="sy-note"></div></section>
+    <section class="sy-card"><h3>Response stream (LST)</h3>
+      <div id="sy-response" class="sy-response"></div>
+      <table class="sy-lst"><tr><td>TTFT p99</td><td id="sy-ttft">–</td></tr>
+        <tr><td>ITL max</td><td id="sy-itl">–</td></tr><tr><td>jitter σ8</td><td id="sy-jitter">–</td></tr>
+        <tr><td>tier</td><td id="sy-tier">–</td></tr></table></section>
+  </div>
+</div>
+"""
 
-def mount_ui(app: Any, config: Any) -> Any:
-    return app
+
+def build_ui(config: Any, ready: Any = None) -> Any:
+    """The Gradio ``Blocks`` of the page; ``ready()`` returns the server's readiness dict."""
+    import gradio as gr
+
+    auth = "1" if getattr(config, "auth_token", None) else "0"
+    with gr.Blocks(title="synchrony — live alignment") as demo:
+        gr.Markdown(
+            "## synchrony · live\n"
+            "Camera → face action units → load controller; microphone → streaming Whisper → words on "
+            "16 fps output frames (±40 ms); Level-3 audio/video/text sync within 50 ms."
+        )
+        gr.HTML(_PANEL.format(auth=auth), elem_id="sy-panel", js_on_load=None)
+        with gr.Accordion("Server readiness and cold start", open=False):
+            status = gr.JSON(label="/readyz")
+        if ready is not None:
+            demo.load(lambda: json.loads(json.dumps(ready(), default=str)), outputs=status)
+    return demo
+
+
+def mount_ui(app: Any, config: Any, ready: Any = None) -> Any:
+    """Mount the page at ``/`` on ``app`` (API routes must be registered before this)."""
+    import gradio as gr
+
+    head = ('<link rel="stylesheet" href="/static/synchrony.css">'
+            '<script src="/static/synchrony.js" defer></script>')
+    return gr.mount_gradio_app(app, build_ui(config, ready), path="/", head=head, ssr_mode=False,
+                               footer_links=[])

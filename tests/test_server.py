@@ -15,24 +15,11 @@ import pytest
 from aiortc import RTCPeerConnection
 
 from app.peer import WhipPeer
-from app.server import ServerConfig, WarmState, check_offer, create_app, running_server, warm_up
+from app.server import ServerConfig, check_offer, create_app, running_server
+from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_MODELS = ServerConfig(ui=False, stages=())
-
-
-@pytest.fixture(scope="session")
-def live_stages(whisper_model):
-    """Every stage warmed once for the whole test run (ASR on the shared Whisper model)."""
-    from models.asr import ASRWorker
-
-    state = WarmState()
-    warm_up(ServerConfig(ui=False, stages=("faces", "controller", "render", "sync", "response", "lst")), state)
-    worker = ASRWorker(model=whisper_model)
-    worker.warmup()
-    state.stages.asr_worker = worker
-    yield state.stages
-    worker.stop()
 
 
 async def offer_sdp(datachannel: bool = True, video: bool = True) -> str:
@@ -134,7 +121,7 @@ async def test_full_server_says_503_with_retry_after_and_delete_frees_a_slot():
         await third.close()
 
 
-async def test_happy_path_events_and_returned_video(live_stages, av_clip):
+async def test_happy_path_events_and_returned_video(live_stages, av_clip):  # noqa: F811
     """A talking-face clip in; AU, token and sync events and a 16 fps video out; DELETE ends it."""
     app = create_app(ServerConfig(ui=False, output_delay_s=0.9), stages=live_stages)
     async with running_server(app) as base:
@@ -164,7 +151,7 @@ async def test_happy_path_events_and_returned_video(live_stages, av_clip):
         assert not session.threads_alive()
 
 
-async def test_stage_failure_degrades_only_that_stage(live_stages, av_clip):
+async def test_stage_failure_degrades_only_that_stage(live_stages, av_clip):  # noqa: F811
     """A renderer that raises: the session reports an error event and keeps sending camera frames."""
     from dataclasses import replace
 

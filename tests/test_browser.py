@@ -1,0 +1,101 @@
+"""The page in a real headless Chromium: fake camera (talking-face y4m) and microphone (espeak wav).
+
+Chromium plays the generated files as its camera and microphone, the page's script posts a WHIP
+offer to our server, and the page must show the recognised words, live AU values and play the
+returned video. A screenshot of the result is saved to docs/screenshot.png.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app import testmedia
+from app.server import ServerConfig, create_app, running_server
+from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+EXPECTED = {"quick", "brown", "fox", "jumps", "over", "lazy", "dog"}
+
+
+def write_y4m(path: Path, frames: list[np.ndarray], fps: int) -> Path:
+    """Frames as a YUV4MPEG2 (I420) file: what Chromium's fake capture device reads."""
+    import av
+
+    h, w = frames[0].shape[:2]
+    with open(path, "wb") as fh:
+        fh.write(f"YUV4MPEG2 W{w} H{h} F{fps}:1 Ip A1:1 C420jpeg\n".encode())
+        for img in frames:
+            yuv = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")
+            fh.write(b"FRAME\n")
+            fh.write(yuv.to_ndarray().tobytes())
+    return path
+
+
+@pytest.fixture(scope="module")
+def fake_media(tmp_path_factory, av_clip):
+    d = tmp_path_factory.mktemp("chromium-media")
+    y4m = write_y4m(d / "face.y4m", av_clip.frames, int(av_clip.fps))
+    wav = d / "speech.wav"
+    testmedia.write_wav(wav, testmedia.resample(av_clip.audio, 16_000, 48_000), rate=48_000)
+    return y4m, wav
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed (make system)")
+async def test_page_shows_words_aus_and_returned_video(live_stages, fake_media):  # noqa: F811
+    from playwright.async_api import async_playwright
+
+    y4m, wav = fake_media
+    app = create_app(ServerConfig(output_delay_s=0.9), stages=live_stages)
+    args = [
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-video-capture={y4m}", f"--use-file-for-fake-audio-capture={wav}",
+        "--disable-features=WebRtcHideLocalIpsWithMdns", "--no-sandbox", "--disable-gpu",
+        "--disable-background-networking", "--disable-component-update", "--no-first-run",
+        "--autoplay-policy=no-user-gesture-required",
+    ]
+    async with running_server(app) as base, async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 1080})
+            logs: list[str] = []
+            page.on("console", lambda msg: logs.append(msg.text))
+            await page.goto(f"{base}/", wait_until="domcontentloaded")
+            await page.wait_for_selector("#sy-start", timeout=60_000)
+            await page.wait_for_function("window.synchrony !== undefined", timeout=30_000)
+            await page.click("#sy-start")
+            await page.wait_for_function(
+                "[...document.querySelectorAll('.sy-au-val')].some(e => parseFloat(e.dataset.value) > 0.02)",
+                timeout=60_000,
+            )
+            await page.wait_for_function(
+                "document.querySelectorAll('#sy-transcript .sy-final').length >= 4", timeout=90_000
+            )
+            await page.wait_for_function(
+                "(() => { const v = document.getElementById('sy-remote');"
+                " return v.videoWidth > 0 && v.currentTime > 1.0 && !v.paused; })()",
+                timeout=60_000,
+            )
+            words = [w.split("\n")[0] for w in await page.locator("#sy-transcript .sy-final").all_inner_texts()]
+            heard = {"".join(ch for ch in w.lower() if ch.isalpha()) for w in words}
+            assert len(heard & EXPECTED) >= 2, (words, logs[-5:])
+            times = await page.locator("#sy-transcript .sy-final sub").all_inner_texts()
+            assert all("–" in t for t in times)  # each word shows its start–end
+            remote = await page.evaluate(
+                "(() => { const v = document.getElementById('sy-remote');"
+                " return [v.videoWidth, v.videoHeight, v.currentTime]; })()"
+            )
+            assert remote[0] == 640 and remote[1] == 360
+            face = await page.locator("#sy-face").inner_text()
+            assert face.startswith("face at")
+            await page.wait_for_timeout(1500)  # let the returned video show the latest captions
+            await page.screenshot(path=str(ROOT / "docs" / "screenshot.png"), full_page=True)
+            await page.click("#sy-stop")
+            await page.wait_for_timeout(300)
+        finally:
+            await browser.close()
+    assert app.state.sessions == {}
