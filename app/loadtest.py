@@ -79,7 +79,7 @@ class RoundConfig:
     token: str | None = None
     max_duration_s: float = 0.0  # > duration_s: keep streaming until min_sync_checks evidence checks came
     min_sync_checks: int = 0
-    settle_s: float = 1.0  # words starting before this (peer clock) are not scored: the link is warming up
+    settle_s: float = 0.0  # words starting before this (peer clock) are not scored
     tail_s: float = 3.0  # words ending in the last tail_s are not scored: their tokens may still be on the way
 
 
