@@ -42,7 +42,8 @@ def text_summary(report: dict[str, Any]) -> str:
         a = rnd["aggregate"]
         cpu = [s[1] for s in rnd.get("cpu", []) if s[1] is not None]
         lines.append(
-            f"{rnd.get('n_peers', a['peers'])} peers: word->token p50 {a['latency_ms_p50']} ms, "
+            f"{rnd.get('n_peers', a['peers'])} peers, netem {rnd.get('netem', 'clean')}: "
+            f"word->token p50 {a['latency_ms_p50']} ms, "
             f"p95 {a['latency_ms_p95']} ms (bound 1000), final p95 {a['final_latency_ms_p95']} ms, "
             f"recall {a['recall']}, Level-3 pass {a['level3_pass_rate']} over {a['level3_checks']} checks, "
             f"TTFT p50 {a['ttft_ms_p50']} ms, server CPU mean {np.mean(cpu) if cpu else float('nan'):.0f} %, "
@@ -219,7 +220,11 @@ def _peer_table(rnd: dict[str, Any]) -> str:
 def _aggregate_table(rnd: dict[str, Any]) -> str:
     a = rnd["aggregate"]
     rows = "".join(f"<tr><th class=l>{html.escape(k)}</th>{_cell(v)}</tr>" for k, v in a.items()
-                   if k != "bounds")
+                   if k not in ("bounds", "latency_by_window"))
+    windows = a.get("latency_by_window") or []
+    if windows:
+        cells = ", ".join(f"{w[0]:.0f} s: {w[2]}/{w[3]} ms (n={w[1]})" for w in windows)
+        rows += f"<tr><th class=l>p50/p95 word→token by 3 s window</th><td class=l>{html.escape(cells)}</td></tr>"
     checks = "".join(f"<tr><th class=l>{html.escape(k)}</th>{_cell(v)}</tr>"
                      for k, v in a["bounds"]["checks"].items())
     return f"<table>{rows}{checks}</table>"
@@ -244,7 +249,8 @@ def render_html(report: dict[str, Any]) -> str:
     for i, rnd in enumerate(report.get("rounds", [])):
         rnd = {**rnd, "ncpu": (report.get("machine") or {}).get("cpus", 2)}
         parts += [
-            f"<h2>Round {i + 1}: {rnd.get('n_peers', len(rnd['peers']))} peers</h2>",
+            f"<h2>Round {i + 1}: {rnd.get('n_peers', len(rnd['peers']))} peers, "
+            f"netem {html.escape(str(rnd.get('netem', 'clean')))}</h2>",
             _aggregate_table(rnd),
             "<h3>Peers</h3>", _peer_table(rnd),
             "<h3>Word → token latency (CDF)</h3>", latency_cdf_svg(rnd),

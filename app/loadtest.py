@@ -41,7 +41,7 @@ log = logging.getLogger("synchrony.loadtest")
 
 MAX_PEERS = 64
 MAX_WORKERS = 8
-MAX_ROUNDS = 12
+MAX_ROUNDS = 16
 EXIT_OK, EXIT_BOUND, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
 
 #: The bounds a round must meet to count as "sustained".
@@ -460,6 +460,7 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
         ttft.extend(resp.get("ttft_ms") or [])
         if resp.get("jitter_ms_max") is not None:
             jitter.append(resp["jitter_ms_max"])
+    timeline = latency_windows([(w[1], w[2] - w[1]) for r in results for w in r.get("words", []) if w[2] is not None])
     injected = [r for r in results if r.get("offset_ms")]
     clean = [r for r in results if not r.get("offset_ms") and r.get("connected")]
     agg = {
@@ -480,6 +481,7 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
         "offset_peers_flagged": sum(bool((r.get("level3") or {}).get("flagged")) for r in injected),
         "offset_peers": len(injected),
         "clean_peers_flagged": sum(bool((r.get("level3") or {}).get("flagged")) for r in clean),
+        "latency_by_window": timeline,
     }
     agg["bounds"] = check_bounds(agg)
     return agg
@@ -487,6 +489,20 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000.0, 1)
+
+
+def latency_windows(points: list[tuple[float, float]], window_s: float = 3.0) -> list[list[float | int | None]]:
+    """Word→token latency pooled over peers in windows of peer-clock time: [start s, words, p50 ms, p95 ms].
+
+    Shows how a time-varying network (stepwise delay, first-frame blocking) moves the latency.
+    """
+    if not points:
+        return []
+    out = []
+    for k in range(int(max(t for t, _ in points) // window_s) + 1):
+        lat = [x for t, x in points if k * window_s <= t < (k + 1) * window_s]
+        out.append([k * window_s, len(lat), _ms(lm.quantile(lat, 0.5)), _ms(lm.quantile(lat, 0.95))])
+    return out
 
 
 def check_bounds(agg: dict[str, Any]) -> dict[str, Any]:
@@ -577,7 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--min-sync-checks evidence-based sync checks per peer")
     p.add_argument("--min-sync-checks", type=int, default=0, help="see --max-duration")
     p.add_argument("--stagger", type=float, default=0.5, help="seconds between peer starts")
-    p.add_argument("--netem", default="clean", help="network impairment for every peer: a scenario "
+    p.add_argument("--netem", action="append", help="network impairment for every peer (repeat: one scenario "
+                   "after another): a scenario "
                    "(clean, loss5, burst5, link-jitter, stepwise, first-frame-block, ...) or key=value pairs, "
                    "e.g. loss=5%%,delay=40ms")
     p.add_argument("--offset-ms", type=float, default=0.0, help="inject this A/V offset (video late +) ...")
@@ -615,7 +632,11 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--find-max needs --step >= 1 and --peers <= --max-peers <= {MAX_PEERS}")
     if abs(args.offset_ms) > 2000:
         raise ValueError("--offset-ms must be within ±2000")
-    parse_profile(args.netem)
+    args.netem = args.netem or ["clean"]
+    if len(args.netem) > MAX_ROUNDS:
+        raise ValueError(f"at most {MAX_ROUNDS} --netem scenarios")
+    for spec in args.netem:
+        parse_profile(spec)
     w, h = (int(x) for x in args.video_size.lower().split("x", 1))
     if not (64 <= w <= 1920 and 64 <= h <= 1080 and w % 2 == 0 and h % 2 == 0):
         raise ValueError("--video-size must be even WxH between 64x64 and 1920x1080")
@@ -668,24 +689,39 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_plan(args: argparse.Namespace, cfg: RoundConfig, pid: int | None) -> dict[str, Any]:
-    """One round, or a ramp (``--find-max``) of at most ``MAX_ROUNDS`` rounds."""
-    rounds = []
+    """For each ``--netem`` scenario: one round, or a ramp (``--find-max``); at most ``MAX_ROUNDS`` in all."""
+    rounds: list[dict[str, Any]] = []
+    results = {}
+    for netem in args.netem:
+        results[netem] = _run_scenario(args, cfg, pid, netem, rounds)
+    result = next(iter(results.values())) if len(results) == 1 else {
+        "ok": all(r["ok"] for r in results.values()), "scenarios": results}
+    return {"config": {**asdict(cfg), "peers": args.peers, "workers": args.workers, "netem": args.netem,
+                       "offset_ms": args.offset_ms, "offset_peers": args.offset_peers,
+                       "find_max": args.find_max, "stagger_s": args.stagger},
+            "rounds": rounds, "result": result,
+            "bounds": {"p95_word_to_token_ms": P95_BOUND_MS, "level3_pass": L3_BOUND, "recall": RECALL_BOUND}}
+
+
+def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, netem: str,
+                  rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One netem scenario: a round or a ramp; appends its rounds to ``rounds``, returns its verdict."""
     sustained = 0
     n = args.peers
-    for _ in range(MAX_ROUNDS if args.find_max else 1):
+    mine: list[dict[str, Any]] = []
+    while len(rounds) < MAX_ROUNDS:
         offsets = {i: args.offset_ms for i in range(n - args.offset_peers, n)} if args.offset_peers else {}
-        specs = plan_peers(n, min(args.workers, n), args.stagger, offsets, args.netem)
-        print(f"round: {n} peers, netem={args.netem}, {cfg.duration_s:.0f} s ...", flush=True)
+        specs = plan_peers(n, min(args.workers, n), args.stagger, offsets, netem)
+        print(f"round: {n} peers, netem={netem}, {cfg.duration_s:.0f} s ...", flush=True)
         rnd = run_round(specs, replace(cfg, seed=cfg.seed + len(rounds)), pid)
-        rnd["n_peers"] = n
+        rnd["n_peers"], rnd["netem"] = n, netem
         rounds.append(rnd)
+        mine.append(rnd)
         agg = rnd["aggregate"]
         print(f"  p95 word->token {agg['latency_ms_p95']} ms, Level-3 pass {agg['level3_pass_rate']}, "
               f"recall {agg['recall']}, connected {agg['connected']}/{agg['peers']}: "
               f"{'PASS' if agg['bounds']['ok'] else 'FAIL'}", flush=True)
-        if not args.find_max:
-            break
-        if not agg["bounds"]["ok"]:
+        if not args.find_max or not agg["bounds"]["ok"]:
             break
         sustained = n
         if n >= args.max_peers:
@@ -693,21 +729,18 @@ def run_plan(args: argparse.Namespace, cfg: RoundConfig, pid: int | None) -> dic
         n = min(n + args.step, args.max_peers)
         time.sleep(2.0)  # let the server tear the previous sessions down
     if args.find_max:
-        result = {"ok": sustained > 0, "peers_sustained": sustained,
-                  "bound_broke_at": None if rounds[-1]["aggregate"]["bounds"]["ok"] else rounds[-1]["n_peers"]}
-    else:
-        agg = rounds[0]["aggregate"]
-        ok = agg["bounds"]["ok"] if not args.offset_peers else (
-            agg["offset_peers_flagged"] == agg["offset_peers"] and agg["clean_peers_flagged"] == 0)
-        result = {"ok": ok, "bounds": agg["bounds"]}
-        if args.offset_peers:
-            result["detection"] = {"offset_ms": args.offset_ms, "flagged": agg["offset_peers_flagged"],
-                                   "of": agg["offset_peers"], "clean_flagged": agg["clean_peers_flagged"]}
-    return {"config": {**asdict(cfg), "peers": args.peers, "workers": args.workers, "netem": args.netem,
-                       "offset_ms": args.offset_ms, "offset_peers": args.offset_peers,
-                       "find_max": args.find_max, "stagger_s": args.stagger},
-            "rounds": rounds, "result": result,
-            "bounds": {"p95_word_to_token_ms": P95_BOUND_MS, "level3_pass": L3_BOUND, "recall": RECALL_BOUND}}
+        last = mine[-1]
+        return {"ok": sustained > 0, "netem": netem, "peers_sustained": sustained,
+                "bound_broke_at": None if last["aggregate"]["bounds"]["ok"] else last["n_peers"],
+                "failed_checks": [k for k, v in last["aggregate"]["bounds"]["checks"].items() if not v]}
+    agg = mine[0]["aggregate"]
+    ok = agg["bounds"]["ok"] if not args.offset_peers else (
+        agg["offset_peers_flagged"] == agg["offset_peers"] and agg["clean_peers_flagged"] == 0)
+    result = {"ok": ok, "netem": netem, "bounds": agg["bounds"]}
+    if args.offset_peers:
+        result["detection"] = {"offset_ms": args.offset_ms, "flagged": agg["offset_peers_flagged"],
+                               "of": agg["offset_peers"], "clean_flagged": agg["clean_peers_flagged"]}
+    return result
 
 
 def machine_info() -> dict[str, Any]:
