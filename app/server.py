@@ -180,6 +180,7 @@ def warm_up(config: ServerConfig, state: WarmState) -> None:
         warm = getattr(worker, "warmup", None)
         if callable(warm):
             _timed(state, "asr", "first_inference", warm)
+        _timed(state, "asr", "first_stream", lambda: _warm_stream(worker))
         st.asr_worker = worker
 
     def render() -> None:
@@ -225,6 +226,22 @@ def warm_up(config: ServerConfig, state: WarmState) -> None:
     for name, fn in (("faces", faces), ("controller", controller), ("asr", asr), ("render", render),
                      ("sync", sync), ("response", response), ("lst", lst)):
         attempt(name, fn)
+
+
+def _warm_stream(worker: Any) -> None:
+    """Run the streaming path once (VAD, incremental decode, finalisation) so no session pays for it."""
+    import numpy as np
+
+    from alignment.types import AudioChunk
+    from app.testmedia import synthesize_speech
+    from models.asr import StreamingASR
+
+    audio = synthesize_speech("warm up the stream", lead_in_s=0.3).samples
+    audio = np.concatenate([audio, np.zeros(8000, np.float32)])
+    stream = StreamingASR(worker.engine, worker.config)
+    for i in range(0, len(audio), 320):
+        stream.feed(AudioChunk(i / 16000, audio[i : i + 320]))
+    stream.flush()
 
 
 def _make_asr_worker(cls: Any, config: ServerConfig) -> Any:

@@ -1,0 +1,153 @@
+"""Live latency over loopback: a fresh server process, aiortc WHIP peers sending a generated clip.
+
+Targets (from the issue), each printed with PASS/FAIL:
+  * /readyz ready ≤ 15 s after the server process starts (every model loaded and run once);
+  * camera frame pts → its ``au`` event on the DataChannel: p95 ≤ 100 ms;
+  * AU events keep up with the camera: ≥ 15 per second;
+  * word end → its final ``token`` event: p50 ≤ 400 ms;
+  * the first session's word latency (p50) within 1.2× of a later session's (no cold first session).
+
+Latency is wall time at arrival on the client minus the wall time the client sent that clip time
+(the peer paces the clip in real time from one start instant; session time zero is the first
+packet the server received, within a few ms of clip time zero on loopback).
+
+Usage: .venv/bin/python bench/live.py [--sessions 2] [--port 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app import testmedia  # noqa: E402
+from app.peer import WhipPeer  # noqa: E402
+
+READY_S = 15.0
+AU_P95_MS = 100.0
+AU_RATE = 15.0
+WORD_P50_MS = 400.0
+FIRST_VS_LATER = 1.2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _wait_ready(base: str, t_start: float, timeout: float = 120.0) -> tuple[float, dict]:
+    async with httpx.AsyncClient(base_url=base, timeout=2.0) as client:
+        while time.monotonic() - t_start < timeout:
+            try:
+                resp = await client.get("/readyz")
+                if resp.status_code == 200:
+                    return time.monotonic() - t_start, resp.json()
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.05)
+    raise TimeoutError(f"server not ready after {timeout} s")
+
+
+async def run_session(base: str, clip: testmedia.AVClip, settle_s: float = 4.0) -> dict:
+    """One peer sends the clip once (then silence); returns its latency figures."""
+    peer = WhipPeer(f"{base}/whip", clip)
+    await peer.connect()
+    await asyncio.sleep(clip.duration + settle_s)
+    await peer.close()
+    t0 = peer.t0_wall
+    au_ms = []
+    for e in peer.events:
+        if e.type == "au":
+            sent = peer.sent_video_wall(float(e.message["pts"]))
+            if sent is not None:
+                au_ms.append(1000 * (e.wall - sent))
+    aus = [e for e in peer.events if e.type == "au"]
+    au_rate = (len(aus) - 1) / (aus[-1].wall - aus[0].wall) if len(aus) > 2 else 0.0
+    finals = {}
+    for e in peer.events:  # first final event per (utterance, index)
+        m = e.message
+        if e.type == "token" and m["final"]:
+            finals.setdefault((m["utterance"], m["index"]), (e.wall, m))
+    word_ms = [1000 * (wall - (t0 + m["end"])) for wall, m in finals.values()]
+    return {
+        "au_ms": au_ms, "au_rate": au_rate, "word_ms": word_ms,
+        "words": " ".join(m["text"] for _, m in sorted(finals.values(), key=lambda x: x[1]["start"])),
+        "frames_back": peer.frames_received,
+        "sync": [e.message for e in peer.events if e.type == "sync"],
+    }
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=2, help="sequential sessions (≥ 2 to compare)")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    port = args.port or _free_port()
+    base = f"http://127.0.0.1:{port}"
+    clip = testmedia.make_av_clip(markers=(0.25, 4.0), tail_s=1.0)
+    code = (
+        "import logging, sys; from app.server import ServerConfig, serve; "
+        f"serve('127.0.0.1', {port}, ServerConfig(ui=False))"
+    )
+    t_start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        ready_s, ready = await _wait_ready(base, t_start)
+        results = [await run_session(base, clip) for _ in range(max(args.sessions, 2))]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    load = os.getloadavg()
+    print(f"command: {sys.executable} bench/live.py --sessions {max(args.sessions, 2)}")
+    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(f"cold start: {json.dumps(ready['cold_start'])}; missing stages: {sorted(ready['missing'])}")
+    for i, r in enumerate(results):
+        print(f"session {i + 1}: AU p50 {_pct(r['au_ms'], 50):.0f} ms p95 {_pct(r['au_ms'], 95):.0f} ms "
+              f"({len(r['au_ms'])} events, {r['au_rate']:.1f}/s); word end→final p50 {_pct(r['word_ms'], 50):.0f} "
+              f"ms p95 {_pct(r['word_ms'], 95):.0f} ms ({len(r['word_ms'])} words); frames back "
+              f"{r['frames_back']}; sync ok {sum(s['ok'] for s in r['sync'])}/{len(r['sync'])}")
+        print(f"  heard: {r['words']!r}")
+    all_au = [x for r in results for x in r["au_ms"]]
+    all_words = [x for r in results for x in r["word_ms"]]
+    first, later = _pct(results[0]["word_ms"], 50), _pct(results[-1]["word_ms"], 50)
+    ratio = first / later if later > 0 else float("inf")
+    checks = [
+        (f"/readyz ready after {ready_s:.2f} s (≤ {READY_S:.0f} s)", ready_s <= READY_S),
+        (f"camera pts → au event p95 {_pct(all_au, 95):.0f} ms (≤ {AU_P95_MS:.0f} ms)",
+         bool(all_au) and _pct(all_au, 95) <= AU_P95_MS),
+        (f"AU events {min(r['au_rate'] for r in results):.1f}/s (≥ {AU_RATE:.0f}/s)",
+         min(r["au_rate"] for r in results) >= AU_RATE),
+        (f"word end → final token p50 {_pct(all_words, 50):.0f} ms (≤ {WORD_P50_MS:.0f} ms)",
+         bool(all_words) and _pct(all_words, 50) <= WORD_P50_MS),
+        (f"first session word p50 {first:.0f} ms vs later {later:.0f} ms: ×{ratio:.2f} (≤ {FIRST_VS_LATER})",
+         ratio <= FIRST_VS_LATER),
+    ]
+    for text, ok in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {text}")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
