@@ -11,7 +11,7 @@ import pytest
 
 from alignment.types import SAMPLE_RATE
 from app import loadmetrics as lm
-from app import loadtest
+from app import loadreport, loadtest
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +154,29 @@ def test_live_run_two_peers_flags_the_injected_offset(tmp_path):
     assert report["result"]["detection"] == {"offset_ms": 150.0, "flagged": 1, "of": 1, "clean_flagged": 0}
     assert code == loadtest.EXIT_OK
     assert any(s[1] is not None and not math.isnan(s[1]) for s in rnd["cpu"])  # server CPU was sampled
+
+
+def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):
+    """The ramp logic on synthetic rounds: word latency is 150 ms per peer, so p95 > 1 s from 7 peers on."""
+    seen: list[int] = []
+
+    def fake_round(specs, cfg, pid):
+        n = len(specs)
+        seen.append(n)
+        peers = [{"index": s.index, "offset_ms": 0.0, "connected": True,
+                  "words": [[t, t + 0.3, t + 0.3 + 0.15 * n, None, "w"] for t in np.arange(0.0, 20.0, 0.5)],
+                  "level3": {"checks": 10, "ok": 10, "flagged": False}} for s in specs]
+        return {"peers": peers, "aggregate": loadtest.aggregate(peers), "cpu": [], "errors": [], "wall_s": 0.0}
+
+    monkeypatch.setattr(loadtest, "run_round", fake_round)
+    monkeypatch.setattr(loadtest.time, "sleep", lambda s: None)
+    args = loadtest.build_parser().parse_args(["--url", "http://127.0.0.1:1/whip", "--find-max", "--peers", "2",
+                                               "--step", "2", "--max-peers", "16"])
+    loadtest._validate(args)
+    cfg = loadtest.RoundConfig(url="http://127.0.0.1:1/whip")
+    report = loadtest.run_plan(args, cfg, None)
+    assert seen == [2, 4, 6, 8]  # 8 peers: 0.15 · 8 = 1.2 s > 1 s
+    assert report["result"]["peers_sustained"] == 6 and report["result"]["bound_broke_at"] == 8
+    assert report["result"]["failed_checks"] == ["p95 word->token <= 1000 ms"]
+    html = loadreport.render_html(report)
+    assert html.count("<h2>Round") == 4
