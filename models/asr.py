@@ -667,10 +667,11 @@ class ASRStream:
         self.session_id = session_id
         self.asr = asr
         self.max_queue_s = max_queue_s
+        self._max_queue_n = int(round(max_queue_s * SAMPLE_RATE))  # samples, so no float drift
         self._chunks: deque[AudioChunk] = deque()
-        self._queued_s = 0.0
+        self._queued_n = 0
         self.dropped_chunks = 0
-        self.dropped_s = 0.0
+        self._dropped_n = 0
         self.events_dropped = 0
         self._loop = loop
         self._events: asyncio.Queue[ASREvent | None] = asyncio.Queue(maxsize=max_events)
@@ -684,13 +685,18 @@ class ASRStream:
             raise RuntimeError(f"ASR stream {self.session_id!r} is closed")
         with self.worker._cond:
             self._chunks.append(chunk)
-            self._queued_s += chunk.duration
-            while self._queued_s > self.max_queue_s and len(self._chunks) > 1:
+            self._queued_n += len(chunk.samples)
+            while self._queued_n > self._max_queue_n and len(self._chunks) > 1:
                 old = self._chunks.popleft()
-                self._queued_s -= old.duration
+                self._queued_n -= len(old.samples)
                 self.dropped_chunks += 1
-                self.dropped_s += old.duration
+                self._dropped_n += len(old.samples)
             self.worker._cond.notify()
+
+    @property
+    def dropped_s(self) -> float:
+        """Seconds of audio this stream's full queue has dropped."""
+        return self._dropped_n / SAMPLE_RATE
 
     def close(self) -> None:
         """No more audio: the worker flushes this stream, then the event iterator ends."""
@@ -710,7 +716,7 @@ class ASRStream:
         out: list[AudioChunk] = []
         while self._chunks and len(out) < max_chunks:
             c = self._chunks.popleft()
-            self._queued_s -= c.duration
+            self._queued_n -= len(c.samples)
             out.append(c)
         return out
 
@@ -762,6 +768,7 @@ class ASRWorker:
         self._stop = False
         self._decodes = 0
         self._decode_s = 0.0
+        self._closed_drops = (0, 0, 0)  # chunks, samples, events dropped by streams now closed
         self._last_ms = 0.0
         self._thread = threading.Thread(target=self._run, name="asr-worker", daemon=True)
         if autostart:
@@ -810,13 +817,13 @@ class ASRWorker:
             return WorkerStats(
                 streams=len(streams),
                 queue_depth=sum(len(s._chunks) for s in streams),
-                queued_s=round(sum(s._queued_s for s in streams), 3),
-                dropped_chunks=sum(s.dropped_chunks for s in streams),
-                dropped_s=round(sum(s.dropped_s for s in streams), 3),
+                queued_s=sum(s._queued_n for s in streams) / SAMPLE_RATE,
+                dropped_chunks=self._closed_drops[0] + sum(s.dropped_chunks for s in streams),
+                dropped_s=(self._closed_drops[1] + sum(s._dropped_n for s in streams)) / SAMPLE_RATE,
                 decodes=self._decodes,
                 decode_ms_mean=round(1000 * self._decode_s / max(self._decodes, 1), 2),
                 decode_ms_last=round(self._last_ms, 2),
-                events_dropped=sum(s.events_dropped for s in streams),
+                events_dropped=self._closed_drops[2] + sum(s.events_dropped for s in streams),
             )
 
     def stop(self) -> None:
@@ -870,11 +877,14 @@ class ASRWorker:
                 log.exception("ASR failed for session %s; closing it", stream.session_id)
                 events = [None]
                 closing = True
-            if events:
-                stream._deliver(events)
-            if closing:
+            if closing:  # unregister before the end-of-stream marker reaches the consumer
                 with self._cond:
                     stream.finished = True
-                    self._streams.pop(stream.session_id, None)
+                    if self._streams.pop(stream.session_id, None) is not None:
+                        c, n, e = self._closed_drops
+                        self._closed_drops = (c + stream.dropped_chunks, n + stream._dropped_n,
+                                              e + stream.events_dropped)
                     if stream.session_id in self._order:
                         self._order.remove(stream.session_id)
+            if events:
+                stream._deliver(events)

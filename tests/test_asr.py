@@ -1,0 +1,190 @@
+"""Whisper ASR with the real tiny.en weights on espeak-ng speech with known word onsets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
+from app import testmedia
+from models.asr import (
+    ASRWorker,
+    StreamingASR,
+    StreamingConfig,
+    UtteranceEnd,
+    _loop_cut,
+    get_engine,
+    normalize_word,
+    transcribe_words,
+)
+
+CHUNK = 320  # 20 ms, what WebRTC delivers
+
+
+def _chunks(audio: np.ndarray, t0: float = 0.0, n: int = CHUNK) -> list[AudioChunk]:
+    return [AudioChunk(t0 + i / SAMPLE_RATE, audio[i : i + n]) for i in range(0, len(audio), n)]
+
+
+def _hits(words: list[WordToken], speech) -> int:
+    said = {normalize_word(w.text) for w in words}
+    return sum(normalize_word(w.text) in said for w in speech.words)
+
+
+def _start_errors(words: list[WordToken], speech, t0: float = 0.0) -> list[float]:
+    """|start - truth| for recognised words matched to the reference in order."""
+    errs, j = [], 0
+    for w in words:
+        key = normalize_word(w.text)
+        for k in range(j, len(speech.words)):
+            if normalize_word(speech.words[k].text) == key:
+                errs.append(abs(w.start - (t0 + speech.words[k].start)))
+                j = k + 1
+                break
+    return errs
+
+
+@pytest.fixture(scope="module")
+def padded(speech) -> np.ndarray:
+    """The fixture sentence followed by 0.8 s of silence (so the VAD closes the utterance)."""
+    return np.concatenate([speech.samples, np.zeros(int(0.8 * SAMPLE_RATE), np.float32)])
+
+
+@pytest.fixture(scope="module")
+def streamed(whisper_model, padded):
+    """Events from streaming the padded sentence in 20 ms chunks, with the chunk end at each."""
+    asr = StreamingASR(model=whisper_model)
+    out: list[tuple[float, object]] = []
+    for c in _chunks(padded, t0=10.0):
+        out += [(c.end, ev) for ev in asr.feed(c)]
+    out += [(float("inf"), ev) for ev in asr.flush()]
+    return asr, out
+
+
+def test_offline_words_are_final_timed_and_mostly_right(whisper_model, speech):
+    words = transcribe_words(speech.samples, t0=5.0, model=whisper_model)
+    assert _hits(words, speech) >= len(speech.words) - 1
+    assert all(w.final for w in words)
+    assert all(w.start <= w.end for w in words)
+    assert [w.start for w in words] == sorted(w.start for w in words)
+    errs = _start_errors(words, speech, t0=5.0)
+    assert len(errs) >= len(speech.words) - 1
+    assert float(np.median(errs)) < 0.15, errs
+
+
+def test_silence_and_empty_audio_give_no_words(whisper_model):
+    assert transcribe_words(np.zeros(0, np.float32), model=whisper_model) == []
+    assert transcribe_words(np.zeros(2 * SAMPLE_RATE, np.float32), model=whisper_model) == []
+    asr = StreamingASR(model=whisper_model)
+    events = [ev for c in _chunks(np.zeros(SAMPLE_RATE, np.float32)) for ev in asr.feed(c)]
+    assert events + asr.flush() == []
+    assert asr.decode_count == 0  # the VAD gates compute
+
+
+def test_bad_audio_is_a_clear_error(whisper_model):
+    with pytest.raises(ValueError, match="1-D"):
+        transcribe_words(np.zeros((2, 100), np.float32), model=whisper_model)
+    with pytest.raises(ValueError, match="NaN"):
+        StreamingASR(model=whisper_model).feed(AudioChunk(0.0, np.full(320, np.nan, np.float32)))
+    with pytest.raises(ValueError, match="unknown ASR engine"):
+        get_engine("kaldi")
+
+
+def test_streaming_finals_cover_the_words_with_times_near_truth(streamed, speech):
+    _asr, out = streamed
+    finals = [ev for _, ev in out if isinstance(ev, WordToken) and ev.final]
+    assert _hits(finals, speech) >= len(speech.words) - 1
+    assert [f.index for f in finals] == list(range(len(finals)))
+    errs = _start_errors(finals, speech, t0=10.0)
+    assert float(np.median(errs)) < 0.15, errs
+
+
+def test_interims_come_before_their_finals(streamed):
+    _asr, out = streamed
+    first_interim: dict[int, int] = {}
+    final_at: dict[int, int] = {}
+    for k, (_, ev) in enumerate(out):
+        if isinstance(ev, WordToken):
+            target = final_at if ev.final else first_interim
+            target.setdefault(ev.index, k)
+    assert first_interim, "no interim tokens were emitted"
+    early = [i for i in final_at if i in first_interim and first_interim[i] < final_at[i]]
+    assert len(early) >= len(final_at) // 2
+    assert all(first_interim.get(i, -1) < k for i, k in final_at.items())
+
+
+def test_utterance_end_follows_silence_and_closes_the_utterance(streamed, speech):
+    _asr, out = streamed
+    ends = [(t, ev) for t, ev in out if isinstance(ev, UtteranceEnd)]
+    assert len(ends) == 1
+    emitted_at, end = ends[0]
+    assert emitted_at < float("inf")  # the VAD ended it before flush
+    speech_end = 10.0 + speech.duration
+    assert speech.words[-1].start + 10.0 < end.pts <= speech_end + 0.1
+    assert emitted_at - end.pts < 0.6  # min-silence plus a window or two
+    finals = [ev for _, ev in out if isinstance(ev, WordToken) and ev.final]
+    assert out[-1][1] is end
+    assert end.text == " ".join(f.text for f in finals)
+
+
+def test_loop_cut_keeps_the_first_occurrence():
+    assert _loop_cut([1, 2, 3, 4, 5, 1, 2, 3, 4, 5]) == 5
+    assert _loop_cut([7, 7, 7, 7]) == 1
+    assert _loop_cut([7, 7, 7]) == 3  # "no no no" is speech
+    assert _loop_cut([1, 2, 3, 4, 1, 2, 3]) == 7
+
+
+def test_worker_back_pressure_drops_oldest_and_counts(whisper_model):
+    worker = ASRWorker(model=whisper_model, max_queue_s=0.5, autostart=False)
+    stream = worker.open("s1")
+    for c in _chunks(np.zeros(2 * SAMPLE_RATE, np.float32)):
+        stream.push(c)
+    stats = worker.stats()
+    assert stats.queued_s <= 0.5 + 1e-6
+    assert stats.dropped_chunks == 75 and abs(stats.dropped_s - 1.5) < 1e-6
+    assert stream._chunks[0].pts == pytest.approx(1.5)  # the newest audio survived
+    worker.stop()
+
+
+async def test_two_streams_on_one_worker_both_complete(whisper_model):
+    worker = ASRWorker(model=whisper_model, max_queue_s=30.0)
+    assert worker.warmup() > 0
+    a = testmedia.synthesize_speech("send the report", lead_in_s=0.3)
+    b = testmedia.synthesize_speech("call me at noon", lead_in_s=0.3, voice="en-GB-x-rp")
+    tail = np.zeros(int(0.6 * SAMPLE_RATE), np.float32)
+    clips = {"a": np.concatenate([a.samples, tail]), "b": np.concatenate([b.samples, tail])}
+    streams = {sid: worker.open(sid) for sid in clips}
+
+    async def collect(sid: str) -> list:
+        return [ev async for ev in streams[sid].events()]
+
+    tasks = {sid: asyncio.create_task(collect(sid)) for sid in clips}
+    for k in range(max(len(x) for x in clips.values()) // CHUNK + 1):
+        for sid, audio in clips.items():
+            seg = audio[k * CHUNK : (k + 1) * CHUNK]
+            if seg.size:
+                streams[sid].push(AudioChunk(k * CHUNK / SAMPLE_RATE, seg))
+        await asyncio.sleep(0)
+    for s in streams.values():
+        s.close()
+    results = {sid: await asyncio.wait_for(t, 120) for sid, t in tasks.items()}
+    for sid, speech in (("a", a), ("b", b)):
+        finals = [e for e in results[sid] if isinstance(e, WordToken) and e.final]
+        assert _hits(finals, speech) >= len(speech.words) - 1, (sid, finals)
+        assert isinstance(results[sid][-1], UtteranceEnd)
+    stats = worker.stats()
+    assert stats.dropped_chunks == 0 and stats.decodes > 0 and stats.streams == 0
+    worker.stop()
+
+
+def test_faster_whisper_engine_by_name(speech):
+    words = get_engine("faster-whisper").transcribe(speech.samples)
+    said = {w.key for w in words}
+    assert sum(normalize_word(w.text) in said for w in speech.words) >= len(speech.words) - 1
+    assert all(0 <= w.start <= w.end <= speech.duration + 0.5 for w in words)
+
+
+def test_streaming_config_is_validated():
+    with pytest.raises(ValueError):
+        StreamingConfig(step_s=0)
