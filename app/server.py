@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from fastapi import FastAPI, Request
@@ -60,6 +61,10 @@ class SdpError(ValueError):
     """An offer we cannot answer; the message is shown to the client as is."""
 
 
+#: Codecs aiortc can decode, per media kind (rtpmap encoding names, lower case).
+DECODABLE = {"audio": ("opus", "g722", "pcmu", "pcma"), "video": ("vp8", "h264")}
+
+
 # --- SDP checks ---------------------------------------------------------------------------------
 
 
@@ -97,6 +102,11 @@ def check_offer(sdp: str) -> None:
                 raise SdpError(f"the {kind} section is {direction}; it must be {' or '.join(wanted)}")
             if not any(a.startswith("a=rtpmap:") for a in sec):
                 raise SdpError(f"the {kind} section lists no codecs (a=rtpmap)")
+            offered = {a.split(" ", 1)[1].split("/", 1)[0].lower() for a in sec
+                       if a.startswith("a=rtpmap:") and " " in a}
+            if not offered & set(DECODABLE[kind]):
+                raise SdpError(f"the {kind} section offers no codec this server decodes "
+                               f"(supported: {', '.join(DECODABLE[kind])})")
     text = "\n".join(lines)
     for attr, what in (("a=ice-ufrag:", "ICE credentials (a=ice-ufrag)"), ("a=ice-pwd:", "ICE credentials (a=ice-pwd)"),
                        ("a=fingerprint:", "a DTLS fingerprint (a=fingerprint)")):
@@ -321,6 +331,17 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         given = request.headers.get("authorization", "")
         return secrets.compare_digest(given.encode(), f"Bearer {config.auth_token}".encode())
 
+    def origin_allowed(request: Request) -> bool:
+        """Browsers send Origin: accept our own page and ``allowed_origins``; other clients send none."""
+        origin = request.headers.get("origin")
+        if origin is None or origin in config.allowed_origins:
+            return True
+        return urlsplit(origin).netloc.lower() == request.headers.get("host", "").lower()
+
+    def refuse_origin(request: Request) -> Response:
+        origin = request.headers.get("origin", "")[:80]
+        return _refuse(403, f"origin {origin!r} is not allowed (same origin or allowed_origins only)", metrics)
+
     def on_end(session: Session, reason: str) -> None:
         if sessions.pop(session.id, None) is not None:
             metrics.sessions.set(len(sessions))
@@ -337,6 +358,8 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         nonlocal pending
         if not authorised(request):
             return _refuse(401, "missing or wrong bearer token", metrics, {"WWW-Authenticate": "Bearer"})
+        if not origin_allowed(request):
+            return refuse_origin(request)
         ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/sdp":
             return _refuse(415, f"Content-Type must be application/sdp, not {ctype or 'missing'!r}", metrics)
@@ -366,11 +389,12 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         try:
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp, "offer"))
-            except Exception as exc:  # noqa: BLE001 - aiortc's parser raises many kinds
-                await pc.close()
-                return _refuse(400, f"cannot use this SDP offer: {exc or type(exc).__name__}", metrics)
-            session.attach()
-            await pc.setLocalDescription(await pc.createAnswer())
+                session.attach()
+                await pc.setLocalDescription(await pc.createAnswer())
+            except Exception as exc:  # noqa: BLE001 - aiortc's parser and negotiation raise many kinds
+                await session.close("offer refused")  # frees the tracks, tasks and AU thread it started
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                return _refuse(400, f"cannot use this SDP offer: {why[:200]}", metrics)
             sessions[session.id] = session
         finally:
             pending -= 1
@@ -384,6 +408,8 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     async def whip_delete(session_id: str, request: Request) -> Response:
         if not authorised(request):
             return _refuse(401, "missing or wrong bearer token", metrics, {"WWW-Authenticate": "Bearer"})
+        if not origin_allowed(request):
+            return refuse_origin(request)
         session = sessions.get(session_id)
         if session is None:
             return _refuse(404, "no such session", metrics)
@@ -394,6 +420,8 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     async def whip_status(session_id: str, request: Request) -> Response:
         if not authorised(request):
             return _refuse(401, "missing or wrong bearer token", metrics, {"WWW-Authenticate": "Bearer"})
+        if not origin_allowed(request):
+            return refuse_origin(request)
         session = sessions.get(session_id)
         if session is None:
             return _refuse(404, "no such session", metrics)
