@@ -45,6 +45,9 @@ log = logging.getLogger("synchrony.session")
 WIRE_VERSION = 1
 _VIDEO_CLOCK = 90_000
 _CHANNEL_MAX_BUFFERED = 1 << 20  # bytes queued on the events channel before messages are dropped
+#: Largest camera frame a session keeps (1080p). The session holds ~2 s of decoded frames for
+#: rendering, so a peer sending absurd sizes would otherwise grow the whole server's memory.
+MAX_VIDEO_PIXELS = 1920 * 1088
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,12 @@ class Session:
                 self.last_media_wall = arrival
                 _set_origin(receiver, tclock)
                 t = tclock.time(int(frame.pts), arrival)
+                if frame.width * frame.height > MAX_VIDEO_PIXELS:  # not kept: degrade, count, go on
+                    self.metrics.drop("video_oversized")
+                    self.fail_stage("video", ValueError(
+                        f"camera frame {frame.width}x{frame.height} is larger than {MAX_VIDEO_PIXELS} pixels; "
+                        "frames that large are dropped"))
+                    continue
                 self._camera.append((t, frame))
                 with self._slot_cond:
                     if self._slot is not None:
