@@ -257,6 +257,12 @@ def render_html(report: dict[str, Any]) -> str:
             "<h3>Per-peer timelines</h3>", timelines_svg(rnd),
             "<h3>CPU</h3>", cpu_svg(rnd),
         ]
+        metrics = {k: v for k, v in (rnd.get("server_metrics") or {}).items()
+                   if any(w in k for w in ("drops", "errors", "rejected", "sync_checks", "sessions_ended"))}
+        if metrics:
+            parts += ["<h3>Server counters after the round</h3>", "<table>" + "".join(
+                f"<tr><th class=l>{html.escape(k)}</th>{_cell(v)}</tr>" for k, v in sorted(metrics.items()))
+                + "</table>"]
         if rnd.get("errors"):
             parts.append("<p class=fail>" + "<br>".join(html.escape(e) for e in rnd["errors"]) + "</p>")
     parts.append("</body></html>")

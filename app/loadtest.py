@@ -563,6 +563,29 @@ class SpawnedServer:
         self._log.close()
 
 
+def scrape_metrics(whip_url: str, max_lines: int = 400) -> dict[str, float]:
+    """The server's counters after a round (``GET /metrics``: drops, stage errors, Level-3 checks ...).
+
+    Histogram buckets are left out; a server without the endpoint gives ``{}``.
+    """
+    import httpx
+
+    try:
+        text = httpx.get(base_url(whip_url) + "/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "_bucket{" in line or " " not in line or len(out) >= max_lines:
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
 def local_server_pid(url: str) -> int | None:
     """The pid listening on the URL's port on this machine, if psutil may see it."""
     import psutil
@@ -715,6 +738,7 @@ def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, n
         print(f"round: {n} peers, netem={netem}, {cfg.duration_s:.0f} s ...", flush=True)
         rnd = run_round(specs, replace(cfg, seed=cfg.seed + len(rounds)), pid)
         rnd["n_peers"], rnd["netem"] = n, netem
+        rnd["server_metrics"] = scrape_metrics(cfg.url)
         rounds.append(rnd)
         mine.append(rnd)
         agg = rnd["aggregate"]
