@@ -155,8 +155,8 @@ def warm_up(config: ServerConfig, state: WarmState) -> None:
             return
         try:
             fn()
-        except ImportError as exc:
-            st.missing[name] = f"module not available: {exc}"
+        except (ImportError, FileNotFoundError) as exc:
+            st.missing[name] = f"{'module' if isinstance(exc, ImportError) else 'file'} not available: {exc}"
             log.warning("warm-up: %s unavailable: %s", name, exc)
         except Exception as exc:  # noqa: BLE001 - a broken stage is reported, the server still serves
             st.missing[name] = f"{type(exc).__name__}: {exc}"
@@ -215,23 +215,18 @@ def warm_up(config: ServerConfig, state: WarmState) -> None:
             st.make_offset_estimator = AVOffsetEstimator
 
     def response() -> None:
-        from models import responders
+        from alignment.pacing import TokenPacer
+        from models.responders import make_responder
 
-        factory = getattr(responders, "create_responder", None)
-        if factory is None:
-            raise ImportError("models.responders has no create_responder")
-        kwargs: dict[str, Any] = {"llm_url": config.llm_url} if config.llm_url else {}
-        _timed(state, "responder", "load", lambda: factory(config.responder, **kwargs))
-        st.make_responder = lambda: factory(config.responder, **kwargs)
-        with contextlib.suppress(ImportError):
-            from alignment.pacing import TokenPacer
-
-            st.make_pacer = lambda policy: TokenPacer(policy) if policy is not None else None
+        options: dict[str, Any] = {"base_url": config.llm_url} if config.llm_url else {}
+        _timed(state, "responder", "load", lambda: make_responder(config.responder, **options))
+        st.make_responder = lambda: make_responder(config.responder, **options)
+        st.make_pacer = TokenPacer
 
     def lst() -> None:
-        from alignment.lst import LSTMeter
+        from alignment.lst import LSTAggregate
 
-        st.make_lst = LSTMeter
+        st.lst = LSTAggregate()
 
     for name, fn in (("faces", faces), ("controller", controller), ("asr", asr), ("render", render),
                      ("sync", sync), ("response", response), ("lst", lst)):
@@ -449,8 +444,11 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/metrics/lst")
-    async def lst() -> dict[str, Any]:
-        return {"sessions": {sid: s.summary()["lst"] for sid, s in sessions.items()}}
+    async def lst() -> Response:
+        if state.stages.lst is None:
+            return JSONResponse({"error": "LST metrics unavailable", "missing": state.stages.missing.get("lst")},
+                                status_code=503)
+        return JSONResponse(state.stages.lst.snapshot())
 
     if config.ui:
         from fastapi.staticfiles import StaticFiles

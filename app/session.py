@@ -19,6 +19,7 @@ simply absent: the session never invents their events.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -72,7 +73,7 @@ class Stages:
     make_offset_estimator: Callable[[], Any] | None = None
     make_responder: Callable[[], Any] | None = None
     make_pacer: Callable[..., Any] | None = None
-    make_lst: Callable[[], Any] | None = None
+    lst: Any = None  # alignment.lst.LSTAggregate: one meter per session, pooled for /metrics/lst
     missing: dict[str, str] = field(default_factory=dict)
 
 
@@ -136,6 +137,7 @@ class Session:
         self._responder: Any = None
         self._response_task: asyncio.Task | None = None
         self._controller: Any = None
+        self._pacer: Any = None
 
     # --- wiring -----------------------------------------------------------------------------
 
@@ -156,8 +158,8 @@ class Session:
             self._validator = self._safe("sync", self.stages.make_validator)
         if self.stages.make_offset_estimator is not None:
             self._offset_estimator = self._safe("sync", self.stages.make_offset_estimator)
-        if self.stages.make_lst is not None:
-            self._lst = self._safe("lst", self.stages.make_lst)
+        if self.stages.lst is not None:
+            self._lst = self._safe("lst", lambda: self.stages.lst.meter(self.id))
         if self.stages.make_responder is not None:
             self._responder = self._safe("response", self.stages.make_responder)
         self._spawn(self._watchdog(), "watchdog")
@@ -184,7 +186,7 @@ class Session:
             names.add("sync")
         if s.make_responder:
             names.add("response")
-        if s.make_lst:
+        if s.lst is not None:
             names.add("lst")
         return names
 
@@ -334,6 +336,8 @@ class Session:
             self._feed_offset("video", VisualObservation(sample.pts, mouth, flash))
         if estimate is not None:
             self._load.append(estimate)
+            if self._pacer is not None:
+                self._safe("response", lambda: self._pacer.set_policy(estimate.policy))
             self.emit({"type": "load", "pts": round(estimate.pts, 4), "level": estimate.level,
                        "probs": [round(float(p), 4) for p in estimate.probs],
                        "policy": estimate.policy.as_dict()})
@@ -448,27 +452,30 @@ class Session:
         self._response_task = self._spawn(self._respond(ev), "response")
 
     async def _respond(self, ev: Any) -> None:
-        policy = self._load[-1].policy if self._load else None
+        """Answer one utterance: responder tokens paced at the current load's policy, LST-metered."""
+        policy = self._load[-1].policy if self._load else _default_policy()
         end_wall = self.clock.wall_of(float(getattr(ev, "pts", 0.0))) or time.monotonic()
+        utterance = getattr(ev, "utterance", 0)
         try:
-            source = self._responder.respond(str(getattr(ev, "text", "")), policy)
-            pacer = self.stages.make_pacer(policy) if self.stages.make_pacer else None
-            stream = pacer.pace(source) if pacer is not None else source
-            i = 0
-            async for text in _aiter(stream):
-                now = time.monotonic()
-                if self._lst is not None:
-                    self._lst.record(now, end_wall if i == 0 else None)
-                self.emit({"type": "response", "utterance": getattr(ev, "utterance", 0), "index": i,
-                           "text": str(text), "ms_after_utterance": round((now - end_wall) * 1000, 1)})
-                i += 1
+            self._pacer = self.stages.make_pacer(policy) if self.stages.make_pacer else None
             if self._lst is not None:
-                snap = self._lst.snapshot()
-                self.emit({"type": "lst", **_lst_dict(snap)})
+                self._lst.utterance_end(end_wall)
+            async for tok in self._responder.respond(str(getattr(ev, "text", "")), policy, self._pacer):
+                emitted = float(getattr(tok, "emitted", time.monotonic()))
+                if self._lst is not None:
+                    self._lst.token(emitted)
+                self.emit({"type": "response", "utterance": utterance, "index": getattr(tok, "index", 0),
+                           "text": str(getattr(tok, "text", tok)),
+                           "ms_after_utterance": round((emitted - end_wall) * 1000, 1)})
+            if self._lst is not None:
+                self._lst.response_end()
+                self.emit({"type": "lst", **_lst_dict(self._lst.snapshot())})
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001
             self.fail_stage("response", exc)
+        finally:
+            self._pacer = None
 
     # --- rendering (called by OutputTrack) ----------------------------------------------------
 
@@ -569,6 +576,9 @@ class Session:
             log.warning("session %s: closing the peer connection: %s", self.id, exc)
         if self._au_thread is not None:
             await asyncio.to_thread(self._au_thread.join, 3.0)
+        if self.stages.lst is not None:
+            with contextlib.suppress(Exception):
+                self.stages.lst.remove(self.id)
         if self.on_end is not None:
             self.on_end(self, reason)
 
@@ -723,6 +733,18 @@ def _flash_score(image: np.ndarray) -> float | None:
     return float(flash_score(image))
 
 
+def _default_policy() -> Any:
+    """The policy before the controller has spoken (or without one): level 0's."""
+    try:
+        from models.controller import policy_for_level
+
+        return policy_for_level(0)
+    except ImportError:
+        from alignment.types import TokenRatePolicy
+
+        return TokenRatePolicy(tokens_per_s=12.0, max_tokens=256, temperature=0.8)
+
+
 def _norm(word: str) -> str:
     return "".join(ch for ch in word.lower() if ch.isalnum())
 
@@ -731,15 +753,6 @@ def _lst_dict(snap: Any) -> dict[str, Any]:
     if isinstance(snap, dict):
         return snap
     return {k: getattr(snap, k, None) for k in ("ttft_ms_p99", "itl_ms_max", "jitter_ms", "tier")}
-
-
-async def _aiter(source: Any) -> Any:
-    if hasattr(source, "__aiter__"):
-        async for item in source:
-            yield item
-    else:
-        for item in source:
-            yield item
 
 
 __all__ = ["Session", "SessionConfig", "Stages", "OutputTrack", "TOLERANCE_S"]
