@@ -138,6 +138,7 @@ class Session:
         self._response_task: asyncio.Task | None = None
         self._controller: Any = None
         self._pacer: Any = None
+        self._estimate: tuple[float, Any] | None = None  # (wall, OffsetEstimate), refreshed ≤ 1/s
 
     # --- wiring -----------------------------------------------------------------------------
 
@@ -420,7 +421,11 @@ class Session:
 
         estimate = None
         if self._offset_estimator is not None:
-            estimate = self._safe("sync", self._offset_estimator.estimate)
+            now = time.monotonic()
+            if self._estimate is None or now - self._estimate[0] > 1.0:  # lip search costs ~10 ms: ≤ 1/s
+                est = self._safe("sync", self._offset_estimator.estimate)
+                self._estimate = (now, est) if est is not None else None
+            estimate = self._estimate[1] if self._estimate is not None else None
         check = self._safe("sync", lambda: self._validator.check_estimate(
             shown.token, frame_pts(shown.frames[0]), estimate))
         if check is None:
@@ -479,11 +484,12 @@ class Session:
 
     # --- rendering (called by OutputTrack) ----------------------------------------------------
 
-    def render_request(self, k: int) -> Any:
+    def render_request(self, k: int) -> Callable[[], Any]:
+        """Collect what frame ``k`` shows (on the loop, cheap); the returned call builds the request
+        (camera conversion included) and is run in the render thread."""
         from models.video import RenderRequest
 
         t = frame_pts(k)
-        camera = None
         best = None
         for ct, frame in reversed(self._camera):
             if ct <= t + 1e-6:
@@ -491,15 +497,18 @@ class Session:
                 break
         if best is None and self._camera:
             best = self._camera[0][1]
-        if best is not None:
-            w, h = self.config.output_size
-            camera = best.to_ndarray(format="rgb24", width=w, height=h)
         new_words = tuple(self._frame_words.pop(k, ()))
         caption = self._caption_at(k)
         au = next((s for s in reversed(self._au) if s.pts <= t), None)
         load = next((e for e in reversed(self._load) if e.pts <= t), None)
-        return RenderRequest(index=k, pts=t, camera=camera, caption=caption, new_words=new_words, au=au,
-                             load=load, sync_ok=self._last_sync_ok, size=self.config.output_size)
+        sync_ok, size = self._last_sync_ok, self.config.output_size
+
+        def build() -> Any:
+            camera = None if best is None else best.to_ndarray(format="rgb24", width=size[0], height=size[1])
+            return RenderRequest(index=k, pts=t, camera=camera, caption=caption, new_words=new_words, au=au,
+                                 load=load, sync_ok=sync_ok, size=size)
+
+        return build
 
     def _caption_at(self, k: int) -> tuple[WordToken, ...]:
         """Words of the latest utterance already shown by frame ``k`` (for 4 s after its last word)."""
@@ -642,9 +651,9 @@ class OutputTrack(MediaStreamTrack):
         if wait > 0:
             await asyncio.sleep(wait)
         self.next_index = k + 1
-        request = s.render_request(k)
+        build = s.render_request(k)
         c0 = time.monotonic()
-        image = await asyncio.to_thread(self._render, request)
+        image = await asyncio.to_thread(self._render, build)
         s.metrics.observe_stage("render", time.monotonic() - (zero + frame_pts(k)), time.monotonic() - c0)
         s.prune(k)
         frame = av.VideoFrame.from_ndarray(image, format="rgb24")
@@ -653,7 +662,8 @@ class OutputTrack(MediaStreamTrack):
         self.sent += 1
         return frame
 
-    def _render(self, request: Any) -> np.ndarray:
+    def _render(self, build: Callable[[], Any]) -> np.ndarray:
+        request = build()
         renderer = self.session.stages.renderer
         if renderer is not None and "render" not in self.session.degraded:
             try:

@@ -19,7 +19,8 @@ _PANEL = """
   <div class="sy-bar">
     <button id="sy-start" class="sy-btn">Start camera &amp; microphone</button>
     <button id="sy-stop" class="sy-btn sy-secondary" disabled>Stop</button>
-    <input id="sy-token" class="sy-token" type="password" placeholder="access token" />
+    <form id="sy-token-form" onsubmit="return false"><input id="sy-token" class="sy-token" type="password"
+      placeholder="access token" autocomplete="off" /></form>
     <span id="sy-status" class="sy-status">idle</span>
   </div>
   <div class="sy-videos">

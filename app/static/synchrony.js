@@ -107,6 +107,7 @@
       const span = document.createElement("span");
       span.className = "sy-word" + (w.final ? " sy-final" : " sy-interim") + (w.late ? " sy-late" : "");
       span.dataset.start = w.start;
+      span.dataset.text = w.text;
       span.innerHTML = `${escapeHtml(w.text)}<sub>${fmt(w.start)}–${fmt(w.end)}</sub>`;
       span.title = `frames ${w.frames.join(", ")}${w.late ? " (late)" : ""}`;
       box.appendChild(span);
@@ -190,7 +191,7 @@
     startBtn.addEventListener("click", start);
     $("sy-stop").addEventListener("click", () => stop(true));
     const app = $("sy-app");
-    if (app && app.dataset.auth !== "1") $("sy-token").style.display = "none";
+    if (app && app.dataset.auth !== "1") $("sy-token-form").style.display = "none";
     buildAUs();
     window.synchrony = { start, stop, handle, words };
     return true;
