@@ -586,6 +586,17 @@ def scrape_metrics(whip_url: str, max_lines: int = 400) -> dict[str, float]:
     return out
 
 
+def scrape_lst(whip_url: str) -> dict[str, Any] | None:
+    """The server's pooled LST figures (``GET /metrics/lst``), None if it has none."""
+    import httpx
+
+    try:
+        r = httpx.get(base_url(whip_url) + "/metrics/lst", timeout=5.0)
+        return r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
 def local_server_pid(url: str) -> int | None:
     """The pid listening on the URL's port on this machine, if psutil may see it."""
     import psutil
@@ -739,6 +750,7 @@ def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, n
         rnd = run_round(specs, replace(cfg, seed=cfg.seed + len(rounds)), pid)
         rnd["n_peers"], rnd["netem"] = n, netem
         rnd["server_metrics"] = scrape_metrics(cfg.url)
+        rnd["server_lst"] = scrape_lst(cfg.url)
         rounds.append(rnd)
         mine.append(rnd)
         agg = rnd["aggregate"]
