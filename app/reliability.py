@@ -1,0 +1,118 @@
+"""What a live server holds right now: memory, threads, tasks, sessions, ASR streams and queue depths.
+
+Leaks and growing queues only show when the same figures are taken before and after (connect/
+disconnect cycles, a vanished peer, a long lossy soak). ``snapshot(app)`` takes them from a running
+``app.server`` app; it must run on the app's event loop (it counts that loop's asyncio tasks).
+``bench/soak.py`` exposes it on a debug route of its own server process; the tests call it in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fastapi import Request
+
+
+@dataclass(frozen=True)
+class ResourceSnapshot:
+    """One reading; every count is over the whole process (server, and peers if they share it)."""
+
+    wall: float
+    rss_mb: float
+    threads: int
+    thread_names: tuple[str, ...]
+    tasks: int
+    fds: int
+    sessions: int
+    asr_streams: int
+    asr_queue_chunks: int  # audio chunks waiting for the ASR worker, all sessions
+    asr_queued_s: float
+    asr_dropped_s: float
+    camera_frames: int  # decoded camera frames held for rendering, all sessions
+    tokens_held: int  # tokens kept for captions, all sessions
+    frame_words: int  # output frames with words still to draw, all sessions
+    channel_buffered: int  # bytes queued on the sessions' events channels
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["thread_names"] = list(self.thread_names)
+        return d
+
+
+def rss_mb() -> float:
+    """Resident set size of this process in MB (from /proc, no dependency)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+
+
+def _fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return -1
+
+
+def snapshot(app: Any, collect: bool = False) -> ResourceSnapshot:
+    """Read the figures off a running app (``collect``: run the garbage collector first)."""
+    if collect:
+        gc.collect()
+    sessions = dict(getattr(app.state, "sessions", {}))
+    warm = getattr(app.state, "warm", None)
+    worker = getattr(getattr(warm, "stages", None), "asr_worker", None)
+    streams = queue = 0
+    queued = dropped = 0.0
+    if worker is not None and hasattr(worker, "stats"):
+        st = worker.stats()
+        streams, queue, queued, dropped = st.streams, st.queue_depth, st.queued_s, st.dropped_s
+    camera = tokens = frame_words = buffered = 0
+    for s in sessions.values():
+        camera += len(getattr(s, "_camera", ()))
+        tokens += len(getattr(s, "_tokens", ()))
+        frame_words += len(getattr(s, "_frame_words", ()))
+        ch = getattr(s, "channel", None)
+        if ch is not None:
+            buffered += int(getattr(ch, "bufferedAmount", 0) or 0)
+    names = tuple(sorted(t.name for t in threading.enumerate()))
+    try:
+        tasks = len(asyncio.all_tasks())
+    except RuntimeError:  # not on a running loop
+        tasks = -1
+    return ResourceSnapshot(
+        wall=time.monotonic(), rss_mb=round(rss_mb(), 2), threads=len(names), thread_names=names, tasks=tasks,
+        fds=_fds(), sessions=len(sessions), asr_streams=streams, asr_queue_chunks=queue,
+        asr_queued_s=round(queued, 3), asr_dropped_s=round(dropped, 3), camera_frames=camera,
+        tokens_held=tokens, frame_words=frame_words, channel_buffered=buffered,
+    )
+
+
+def install_debug_route(app: Any, path: str = "/debug/resources") -> None:
+    """Add ``GET path`` (``?gc=1`` collects first) returning the snapshot as JSON; for benches only."""
+    async def resources(request: Request) -> dict[str, Any]:
+        return snapshot(app, collect=request.query_params.get("gc") == "1").as_dict()
+
+    app.add_api_route(path, resources, methods=["GET"])
+
+
+async def settle(app: Any, timeout: float = 15.0, baseline: ResourceSnapshot | None = None) -> ResourceSnapshot:
+    """Wait until no session and no ASR stream is left (and, given a baseline, threads are back)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = snapshot(app)
+        done = snap.sessions == 0 and snap.asr_streams == 0
+        if baseline is not None:
+            done = done and snap.threads <= baseline.threads and snap.tasks <= baseline.tasks
+        if done or time.monotonic() > deadline:
+            return snapshot(app, collect=True)
+        await asyncio.sleep(0.1)
