@@ -56,8 +56,12 @@ FILLER_QUANTILE = 0.4
 #: Extra cost (as a share of the filler cost) of holding a reference frame: keeps the path from
 #: camping on one generic frame when the voices differ a lot.
 STAY_PENALTY = 1.0
-#: DTW problems solved together (memory: MAX_BATCH x frames x reference frames bytes).
+#: DTW problems solved together, and a cap on their cells (cost float64 + one back-pointer byte).
 MAX_BATCH = 8
+MAX_BATCH_CELLS = 4_000_000
+#: Longer word lists are refined in runs of at most this many seconds (estimated).
+MAX_GROUP_S = 8.0
+MAX_GAP_S = 1.0
 MIN_WORD_S = 0.02
 MAX_LOOKAHEAD_S = 0.2
 
@@ -163,62 +167,92 @@ def refine_word_times(
     x = np.asarray(audio, dtype=np.float32)
     if x.ndim != 1:
         raise ValueError(f"audio must be 1-D mono samples, got shape {x.shape}")
-    texts = tuple(_clean(w.text) for w in words)
+    texts = [_clean(w.text) for w in words]
     keep = [i for i, t in enumerate(texts) if t]
-    if len(x) < WIN or not keep:
-        return words
-    try:
-        ref = synthesize_reference(tuple(texts[i] for i in keep))
-    except Exception as exc:  # noqa: BLE001 - no synthesiser: keep the estimates, say why once
-        log.warning("word-timing refinement unavailable (%s); keeping Whisper's times", exc)
-        return words
-
-    def sample_at(t: float) -> int:
-        return int(np.clip(round((t - audio_start_pts) * SAMPLE_RATE), 0, len(x)))
-
-    first = words[keep[0]]
-    seg_lo = sample_at(first.start - MARGIN_S)
-    seg_hi = sample_at(max(words[i].end for i in keep) + MARGIN_S)
-    # Where each word's evidence must stop; one DTW problem per distinct stop.
-    stops: dict[int, list[int]] = {}
-    for j, i in enumerate(keep):
-        stop = seg_hi if lookahead_s is None else min(sample_at(words[i].start + lookahead_s), seg_hi)
-        n_frames = 1 + (stop - seg_lo - WIN) // HOP if stop - seg_lo >= WIN else 0
-        if n_frames >= 2:
-            stops.setdefault(n_frames, []).append(j)
-    if not stops:
-        return words
-    p_real = mel_power(x[seg_lo : seg_lo + (max(stops) - 1) * HOP + WIN])
-    p_ref = mel_power(ref.samples)
-    start_limit = int((first.start + MARGIN_S - audio_start_pts - seg_lo / SAMPLE_RATE) * SAMPLE_RATE / HOP) + 1
-    problems = sorted(stops)
     mapped: dict[int, tuple[float | None, float | None]] = {}
-    for b in range(0, len(problems), MAX_BATCH):
-        batch = problems[b : b + MAX_BATCH]
-        costs, fillers = [], []
-        for n_frames in batch:  # features from this word's evidence prefix only
-            feats = matched_features(p_real[:n_frames], p_ref)
-            cost = distance_matrix(feats.real, feats.ref)
-            costs.append(cost)
-            fillers.append(float(np.quantile(cost, FILLER_QUANTILE)))
-        fill = np.asarray(fillers)
-        paths = causal_dtw(costs, fill, STAY_PENALTY * fill, start_limit)
-        for n_frames, path in zip(batch, paths, strict=True):
-            for j in stops[n_frames]:
-                k_on, k_end = ref.onsets[j] * SAMPLE_RATE / HOP, ref.ends[j] * SAMPLE_RATE / HOP
-                on = path.frame_of_or_after(k_on) if lookahead_s is not None else path.real_frame_of(k_on)
-                end = path.real_frame_of(k_end)
-                mapped[keep[j]] = (None if on is None else _frame_time(on),
-                                   None if end is None else _frame_time(end))
+    if len(x) >= WIN and keep:
+        for group in _groups(words, keep):
+            try:
+                times = _refine_group(x, audio_start_pts, [words[i] for i in group],
+                                      tuple(texts[i] for i in group), lookahead_s)
+            except SynthesisUnavailable as exc:
+                log.warning("word-timing refinement unavailable (%s); keeping Whisper's times", exc)
+                break
+            mapped.update(zip(group, times, strict=True))
 
-    t0 = audio_start_pts + seg_lo / SAMPLE_RATE
     out: list[WordToken] = []
     last_start = -np.inf
     for i, w in enumerate(words):
         on, end = mapped.get(i, (None, None))
-        start = w.start if on is None or abs(t0 + on - w.start) > MAX_SHIFT_S else t0 + on
+        start = w.start if on is None or abs(on - w.start) > MAX_SHIFT_S else on
         start = max(start, last_start)
-        stop_t = t0 + end if end is not None else w.end + (start - w.start)
-        out.append(replace(w, start=float(start), end=float(max(stop_t, start + MIN_WORD_S))))
+        stop = end if end is not None else w.end + (start - w.start)
+        out.append(replace(w, start=float(start), end=float(max(stop, start + MIN_WORD_S))))
         last_start = start
     return out
+
+
+class SynthesisUnavailable(RuntimeError):
+    """The reference could not be synthesised (espeak-ng missing or failing)."""
+
+
+def _groups(words: Sequence[WordToken], keep: Sequence[int]) -> list[list[int]]:
+    """Runs of words to align together: split at utterance changes, at pauses over MAX_GAP_S and
+    after MAX_GROUP_S (estimated), so the cost stays linear in the audio length."""
+    groups: list[list[int]] = [[]]
+    for i in keep:
+        g = groups[-1]
+        if g and (words[i].utterance != words[g[-1]].utterance
+                  or words[i].start - words[g[-1]].end > MAX_GAP_S
+                  or words[i].start - words[g[0]].start > MAX_GROUP_S):
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
+def _refine_group(
+    x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None
+) -> list[tuple[float | None, float | None]]:
+    """Refined (start, end) on the session clock for one run of speakable words (None: not placed)."""
+    try:
+        ref = synthesize_reference(texts)
+    except Exception as exc:  # espeak missing or failing: the caller keeps the estimates
+        raise SynthesisUnavailable(str(exc)) from exc
+
+    def sample_at(t: float) -> int:
+        return int(np.clip(round((t - pts0) * SAMPLE_RATE), 0, len(x)))
+
+    seg_lo = sample_at(words[0].start - MARGIN_S)
+    seg_hi = sample_at(max(w.end for w in words) + MARGIN_S)
+    # Where each word's evidence must stop; one DTW problem per distinct stop.
+    stops: dict[int, list[int]] = {}
+    for j, w in enumerate(words):
+        stop = seg_hi if lookahead_s is None else min(sample_at(w.start + lookahead_s), seg_hi)
+        n_frames = 1 + (stop - seg_lo - WIN) // HOP if stop - seg_lo >= WIN else 0
+        if n_frames >= 2:
+            stops.setdefault(n_frames, []).append(j)
+    result: list[tuple[float | None, float | None]] = [(None, None)] * len(words)
+    if not stops:
+        return result
+    p_real = mel_power(x[seg_lo : seg_lo + (max(stops) - 1) * HOP + WIN])
+    p_ref = mel_power(ref.samples)
+    t0 = pts0 + seg_lo / SAMPLE_RATE
+    start_limit = int((words[0].start + MARGIN_S - t0) * SAMPLE_RATE / HOP) + 1
+    problems = sorted(stops)
+    batch_n = int(np.clip(MAX_BATCH_CELLS // (problems[-1] * len(p_ref)), 1, MAX_BATCH))
+    for b in range(0, len(problems), batch_n):
+        batch = problems[b : b + batch_n]
+        costs, fillers = [], []
+        for n_frames in batch:  # features from this problem's evidence prefix only
+            feats = matched_features(p_real[:n_frames], p_ref)
+            costs.append(distance_matrix(feats.real, feats.ref))
+            fillers.append(float(np.quantile(costs[-1], FILLER_QUANTILE)))
+        fill = np.asarray(fillers)
+        for n_frames, path in zip(batch, causal_dtw(costs, fill, STAY_PENALTY * fill, start_limit), strict=True):
+            for j in stops[n_frames]:
+                k_on, k_end = ref.onsets[j] * SAMPLE_RATE / HOP, ref.ends[j] * SAMPLE_RATE / HOP
+                on = path.frame_of_or_after(k_on) if lookahead_s is not None else path.real_frame_of(k_on)
+                end = path.real_frame_of(k_end)
+                result[j] = (None if on is None else t0 + _frame_time(on),
+                             None if end is None else t0 + _frame_time(end))
+    return result

@@ -129,6 +129,29 @@ def test_output_is_ordered_and_keeps_token_identity(clean_case):
     assert starts == sorted(starts)
 
 
+def test_long_input_is_aligned_in_runs(fresh_speech):
+    """Four sentences with pauses (> MAX_GROUP_S in all): every run is placed, none drifts.
+
+    The estimates here are Whisper-like (late by 60-100 ms), derived from the truth, because this
+    checks the splitting, not Whisper.
+    """
+    parts, truth, t = [], [], 0.0
+    for text in ("a quiet morning in the valley", "the bus was late again today",
+                 "we waited near the station for an hour", "then we walked home in the rain"):
+        sp = testmedia.synthesize_speech(text, voice="en-us+m3", wpm=150, lead_in_s=0.7)
+        truth += [testmedia.TimedWord(w.text, w.start + t) for w in sp.words]
+        parts.append(sp.samples)
+        t += sp.duration
+    audio = np.concatenate(parts)
+    rng = np.random.default_rng(1)
+    words = [WordToken(w.text, w.start + rng.uniform(0.06, 0.1), w.start + 0.25, index=k)
+             for k, w in enumerate(truth)]
+    out = refine_word_times(audio, 0.0, words)
+    err = np.abs([o.start - w.start for o, w in zip(out, truth, strict=True)]) * 1000
+    assert audio.size / SAMPLE_RATE > 8.0
+    assert np.mean(err <= 40) >= 0.9, err.round()
+
+
 def test_empty_words_give_empty_list():
     assert refine_word_times(np.zeros(SAMPLE_RATE, np.float32), 0.0, []) == []
 
