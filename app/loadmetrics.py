@@ -108,6 +108,7 @@ class WordLatency:
     token_start: float | None  # the token's start as the server stamped it (server clock)
     first_s: float | None  # first arrival (interim or final), peer clock
     final_s: float | None  # first final arrival, peer clock
+    matched_by: str = ""  # "text" (same word), "time" (a misheard word over the same interval), "" (none)
 
     @property
     def latency_s(self) -> float | None:
@@ -135,8 +136,13 @@ def match_tokens(
 ) -> tuple[list[WordLatency], float | None, int]:
     """Match token events ``(arrival peer-clock s, message)`` to truth words.
 
-    Returns the per-word latencies, the estimated server clock lag (truth start − token start,
-    median) and how many distinct tokens matched no word (insertions / misrecognitions).
+    First by text: the same word within ``tolerance_s`` of its truth start, after correcting the
+    server clock lag (truth start − token start, median over a coarse first pass). Then by time:
+    a token with other text that overlaps a still unmatched word's interval by at least half of
+    the shorter one (a misheard word still shows when the spoken word was transcribed).
+
+    Returns the per-word latencies, the estimated lag and how many distinct tokens matched no
+    word (insertions).
     """
     occ = [w for _, w in truth_occurrences(truth, until_s)]
     toks = [(t, m) for t, m in tokens if isinstance(m.get("start"), (int, float))]
@@ -160,20 +166,45 @@ def match_tokens(
     first: dict[int, float] = {}
     final: dict[int, float] = {}
     tstart: dict[int, float] = {}
-    unmatched: set[tuple[Any, Any]] = set()
+    by: dict[int, str] = {}
+    leftover = []
     for t, m in toks:
         i = nearest(normalise(str(m.get("text", ""))), float(m["start"]), lag or 0.0, tolerance_s)
         if i is None:
-            unmatched.add((m.get("utterance"), m.get("index"), m.get("start")))
+            leftover.append((t, m))
             continue
-        first[i] = min(first.get(i, math.inf), t)
-        tstart.setdefault(i, float(m["start"]))
-        if m.get("final", True):
-            final[i] = min(final.get(i, math.inf), t)
+        _record(i, t, m, "text", first, final, tstart, by)
+    # A misheard word ("round" for "brown") still stands for the spoken word: match it by time,
+    # to a word no token matched by text, when their intervals overlap by half the shorter one.
+    text_matched = set(by)
+    unmatched: set[tuple[Any, Any, Any]] = set()
+    for t, m in leftover:
+        s0, s1 = float(m["start"]) + (lag or 0.0), float(m.get("end", m["start"])) + (lag or 0.0)
+        best, best_overlap = None, 0.0
+        for i, w in enumerate(occ):
+            if i in text_matched:
+                continue
+            overlap = min(s1, w.end) - max(s0, w.start)
+            if overlap > best_overlap and overlap >= 0.5 * min(s1 - s0, w.end - w.start):
+                best, best_overlap = i, overlap
+        if best is None:
+            unmatched.add((m.get("utterance"), m.get("index"), m.get("start")))
+        else:
+            _record(best, t, m, "time", first, final, tstart, by)
     words = [
-        WordLatency(w.text, w.start, w.end, tstart.get(i), first.get(i), final.get(i)) for i, w in enumerate(occ)
+        WordLatency(w.text, w.start, w.end, tstart.get(i), first.get(i), final.get(i), by.get(i, ""))
+        for i, w in enumerate(occ)
     ]
     return words, lag, len(unmatched)
+
+
+def _record(i: int, t: float, m: dict[str, Any], how: str, first: dict[int, float], final: dict[int, float],
+            tstart: dict[int, float], by: dict[int, str]) -> None:
+    first[i] = min(first.get(i, math.inf), t)
+    tstart.setdefault(i, float(m["start"]))
+    by.setdefault(i, how)
+    if m.get("final", True):
+        final[i] = min(final.get(i, math.inf), t)
 
 
 def ttft_and_itl(
@@ -280,11 +311,13 @@ def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> 
     """p50/p95/max of word→token latency (first and final), recall; words before ``settle_s`` skipped."""
     ws = [w for w in words if w.start >= settle_s]
     first = [w.latency_s for w in ws if w.latency_s is not None]
+    by_text = sum(w.matched_by == "text" for w in ws)
     final = [w.final_latency_s for w in ws if w.final_latency_s is not None]
     return {
         "words": len(ws),
         "matched": len(first),
         "recall": round(len(first) / len(ws), 4) if ws else None,
+        "recall_text": round(by_text / len(ws), 4) if ws else None,
         "latency_ms_p50": _ms(quantile(first, 0.5)),
         "latency_ms_p95": _ms(quantile(first, 0.95)),
         "latency_ms_max": _ms(max(first) if first else None),

@@ -263,7 +263,8 @@ def peer_figures(peer: Any, truth: lm.ClipTruth, t0: float, t_end: float, cfg: R
         "clock_lag_ms": None if lag is None else round(lag * 1000, 1),
         "unmatched_tokens": unmatched,
         "latency": lm.summarise_latencies(words, cfg.settle_s),
-        "words": [[round(w.start, 3), round(w.end, 3), _r(w.first_s), _r(w.final_s), w.text] for w in scored],
+        "words": [[round(w.start, 3), round(w.end, 3), _r(w.first_s), _r(w.final_s), w.text, w.matched_by]
+                  for w in scored],
         "tokens": [[_r(t), m.get("text"), m.get("start"), m.get("end"), bool(m.get("final")), m.get("utterance"),
                     m.get("index")] for t, m in tokens[:5000]],
         "responses": lm.ttft_and_itl(truth, responses, until),
@@ -440,13 +441,14 @@ def run_round(specs: list[PeerSpec], cfg: RoundConfig, server_pid: int | None) -
 def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Round figures: pooled word→token latency, Level-3 pass over clean peers, offset detection."""
     first, final = [], []
-    words = matched = 0
+    words = matched = by_text = 0
     l3_ok = l3_n = 0
     ttft: list[float] = []
     jitter: list[float] = []
     for r in results:
         for w in r.get("words", []):
             words += 1
+            by_text += len(w) > 5 and w[5] == "text"
             if w[2] is not None:
                 matched += 1
                 first.append(w[2] - w[1])
@@ -470,6 +472,7 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
         "words": words,
         "matched": matched,
         "recall": round(matched / words, 4) if words else None,
+        "recall_text": round(by_text / words, 4) if words else None,
         "latency_ms_p50": _ms(lm.quantile(first, 0.5)),
         "latency_ms_p95": _ms(lm.quantile(first, 0.95)),
         "final_latency_ms_p95": _ms(lm.quantile(final, 0.95)),

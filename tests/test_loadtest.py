@@ -62,9 +62,19 @@ def test_match_tokens_recovers_latency_lag_and_misses(loop_clip):
     summary = lm.summarise_latencies(words)
     assert summary["recall"] == pytest.approx((3 * n_words - 2) / (3 * n_words), abs=1e-4)
     assert summary["latency_ms_p95"] == pytest.approx(400.0, abs=0.1)
-    # A token for a word nobody said is counted, not matched.
-    extra = [(1.0, {"type": "token", "text": "zebra", "start": 1.0, "end": 1.2, "final": True})]
+    # A token for a word nobody said (in the pause after the sentence) is counted, not matched.
+    gap = truth.utterance_end + 0.05
+    extra = [(gap + 1, {"type": "token", "text": "zebra", "start": gap, "end": gap + 0.2, "final": True})]
     assert lm.match_tokens(truth, tokens + extra, 3 * truth.period_s)[2] == 1
+    # A misheard word over the skipped word's interval stands for it: matched by time, not by text.
+    brown = truth.words[2]
+    misheard = [(brown.end + 0.5, {"type": "token", "text": "round", "start": brown.start - 0.12,
+                                   "end": brown.end - 0.12, "final": True})]
+    words2, _, unmatched2 = lm.match_tokens(truth, tokens + misheard, 3 * truth.period_s)
+    assert unmatched2 == 0
+    assert words2[2].matched_by == "time" and words2[2].latency_s == pytest.approx(0.5)
+    s2 = lm.summarise_latencies(words2)
+    assert s2["recall"] > summary["recall"] and s2["recall_text"] == summary["recall_text"]
 
 
 def test_ttft_itl_and_jitter():
