@@ -195,7 +195,7 @@ def load_svd_pipeline(
     source = str(path) if looks_local else str(model)
     try:
         pipe = StableVideoDiffusionPipeline.from_pretrained(
-            source, torch_dtype=dtype, variant=variant, local_files_only=True
+            source, dtype=dtype, variant=variant, local_files_only=True
         )
     except (OSError, ValueError) as exc:
         where = "that directory" if looks_local else "the local Hugging Face cache"
@@ -306,6 +306,7 @@ class ClipStat:
     rtf: float
     conditioning: ClipConditioning
     window: ClipWindow
+    started: float  # perf_counter when generation began
 
 
 @dataclass(frozen=True)
@@ -460,7 +461,7 @@ class SVDRenderer:
         self._schedule(n + 1)  # keep one clip ahead of playout
         with self._lock:
             clip = self._ready.get(n)
-            if clip is None and not self.realtime:
+            if clip is None and not self.realtime and n in self._scheduled:
                 deadline = time.monotonic() + self.wait_timeout_s
                 while n not in self._ready and not self._fallback and time.monotonic() < deadline:
                     self._lock.wait(timeout=0.5)
@@ -594,7 +595,7 @@ class SVDRenderer:
     def _finish(self, clip: Clip) -> None:
         with self._lock:
             self._stats.append(ClipStat(clip.index, clip.first_frame, clip.n_frames, clip.gen_s, clip.rtf,
-                                        clip.conditioning, clip.window))
+                                        clip.conditioning, clip.window, clip.started))
             if not self._closed:
                 self._ready[clip.index] = clip
             self._lock.notify_all()
