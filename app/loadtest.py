@@ -579,7 +579,8 @@ def scrape_metrics(whip_url: str, max_lines: int = 400) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("#") or "_bucket{" in line or " " not in line or len(out) >= max_lines:
+        if (line.startswith("#") or "_bucket{" in line or "_created" in line or " " not in line
+                or len(out) >= max_lines):
             continue
         name, _, value = line.rpartition(" ")
         try:
