@@ -190,10 +190,27 @@ def test_offline_clips_pts_alignment_and_level3(svd_dir, av_clip):
     # Generated pictures move from frame to frame (a diffusion video, not the camera frame repeated).
     diffs = [np.abs(frames[k + 1][:40].astype(int) - frames[k][:40].astype(int)).mean() for k in range(CLIP - 1)]
     assert max(diffs) > 1.0
-    # Token ↔ frame alignment: every token's first carrying frame is within ±40 ms of its start.
-    for item in attached:
-        if item.frames:
-            assert abs(item.first_frame_pts - item.token.start) <= 0.040 + 1e-9
+    # Token ↔ frame alignment and Level-3, unchanged, on the generated frames: each token's first
+    # carrying frame is an SVD frame within ±40 ms of its onset, and audio/video/text agree within
+    # 50 ms with the A/V offset taken from the input's flash/click markers (independent evidence).
+    from alignment.evidence import estimate_offset
+    from alignment.sync import Level3Validator
+    from alignment.types import VideoFrame
+
+    evidence = estimate_offset(av_clip.audio, 0.0,
+                               [VideoFrame(i / av_clip.fps, f) for i, f in enumerate(av_clip.frames)])
+    assert evidence.source == "markers"
+    validator = Level3Validator()
+    checked = [item for item in attached if item.frames]
+    assert len(checked) >= 4
+    for item in checked:
+        assert abs(item.first_frame_pts - item.token.start) <= 0.040 + 1e-9
+        assert sources[item.frames[0]] == "svd"
+        verdict = validator.check_estimate(item.token, item.first_frame_pts, evidence)
+        assert verdict.ok and verdict.evidence == "markers", verdict
+        # Had the clip been presented one clip late, Level-3 would say so.
+        late = validator.check_estimate(item.token, item.first_frame_pts + CLIP / FPS, evidence)
+        assert not late.ok
     assert report.rtf_mean == pytest.approx(
         sum(c.n_frames for c in report.clips) / FPS / sum(c.gen_s for c in report.clips))
 
