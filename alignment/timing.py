@@ -18,12 +18,20 @@ How it would do on human speech (honest limits):
   stronger option for human speech; this method needs no trained aligner and no downloads.
 * Onsets follow espeak's convention (start of the word including a stop closure), not a
   phonetician's acoustic onset; on human speech the two differ by up to a few tens of ms.
-* Recognition errors put wrong words in the reference; the neighbours of a wrong word still
-  align, and a refined time far from Whisper's estimate is rejected in favour of the estimate.
+* Recognition errors put wrong words in the reference. A substituted word mostly still aligns;
+  a dropped word ("platforms every" for "platform seven every") pulls the next word onto the
+  missing one (a few hundred ms). A refined time over MAX_SHIFT_S from Whisper's estimate is
+  rejected in favour of the estimate.
 
-Streaming: with ``lookahead_s`` set, each word's time is computed from audio that ends at
-``word.start + lookahead_s`` (Whisper's estimate), never later: the DTW rows are real-audio
-frames, its recurrence is causal, and level/noise statistics are taken from that same prefix.
+Measured (bench/word_timing.py, held-out sentences and voices, Whisper tiny.en): raw ≈ 110 ms
+mean |onset error| and ≈ 19 % within ±40 ms; refined ≈ 8 ms and ≈ 97 % (clean and 10 dB SNR).
+
+Streaming: with ``lookahead_s`` set (the design allows up to 0.2 s), each word's time is computed
+from audio that ends at ``word.start + lookahead_s`` (Whisper's estimate), never later: the DTW
+rows are real-audio frames, its recurrence is causal, and level/noise statistics come from that
+same prefix. A word whose onset the path has not reached by then is put at the end of the
+evidence (the earliest time consistent with it); Whisper's early first-word estimates make this
+the main streaming error.
 """
 
 from __future__ import annotations
@@ -63,7 +71,6 @@ MAX_BATCH_CELLS = 4_000_000
 MAX_GROUP_S = 8.0
 MAX_GAP_S = 1.0
 MIN_WORD_S = 0.02
-MAX_LOOKAHEAD_S = 0.2
 
 _WORD_CHARS = re.compile(r"[^\w'%.$-]+")
 
@@ -131,7 +138,7 @@ def synthesize_reference(words: tuple[str, ...], voice: str = REF_VOICE, wpm: in
 
 
 def _active_end(x: np.ndarray, lo: int, hi: int) -> float:
-    """Time (s) just after the last non-silent 10 ms block in ``x[lo:hi]`` (``hi`` if none is silent)."""
+    """Time (s) just after the last non-silent 10 ms block of ``x[lo:hi]`` (``lo`` if all are silent)."""
     seg = x[lo:hi]
     if len(seg) < HOP:
         return hi / SAMPLE_RATE
