@@ -190,3 +190,18 @@ def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):
     assert report["result"]["failed_checks"] == ["p95 word->token <= 1000 ms"]
     html = loadreport.render_html(report)
     assert html.count("<h2>Round") == 4
+
+
+def test_pre_encoded_vp8_loop_decodes_with_the_flash(loop_clip):
+    import av
+
+    packets = loadtest.encode_vp8_loop(loop_clip.frames, loop_clip.fps)
+    assert len(packets) == len(loop_clip.frames)
+    decoder = av.CodecContext.create("libvpx", "r")
+    lit = []
+    for i, data in enumerate(packets):
+        for frame in decoder.decode(av.Packet(data)):
+            lit.append((i, loadtest._flash_region_mean(frame)))
+    flash_frames = [i for i, y in lit if y > 80.0]
+    # Clean clip: markers at frame-cell starts light exactly frames 6 and (end - 8), and only those.
+    assert flash_frames == [6, len(packets) - 8]
