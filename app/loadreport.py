@@ -47,6 +47,8 @@ def text_summary(report: dict[str, Any]) -> str:
             f"p95 {a['latency_ms_p95']} ms (bound 1000), final p95 {a['final_latency_ms_p95']} ms, "
             f"recall {a['recall']}, Level-3 pass {a['level3_pass_rate']} over {a['level3_checks']} checks, "
             f"TTFT p50 {a['ttft_ms_p50']} ms, server CPU mean {np.mean(cpu) if cpu else float('nan'):.0f} %, "
+            f"client CPU mean {np.mean([s[2] for s in rnd.get('cpu', [])] or [float('nan')]):.0f} %, "
+            f"load avg {rnd.get('load_avg_before', ['?'])[0]}→{rnd.get('load_avg_after', ['?'])[0]}, "
             f"connected {a['connected']}/{a['peers']}: {'PASS' if a['bounds']['ok'] else 'FAIL'}"
         )
         for p in rnd["peers"]:
@@ -251,6 +253,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts += [
             f"<h2>Round {i + 1}: {rnd.get('n_peers', len(rnd['peers']))} peers, "
             f"netem {html.escape(str(rnd.get('netem', 'clean')))}</h2>",
+            f"<p>machine load average (1 min) before/after: {rnd.get('load_avg_before', ['?'])[0]} / "
+            f"{rnd.get('load_avg_after', ['?'])[0]}; round wall time {rnd.get('wall_s')} s</p>",
             _aggregate_table(rnd),
             "<h3>Peers</h3>", _peer_table(rnd),
             "<h3>Word → token latency (CDF)</h3>", latency_cdf_svg(rnd),

@@ -844,7 +844,9 @@ def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, n
         offsets = {i: args.offset_ms for i in range(n - args.offset_peers, n)} if args.offset_peers else {}
         specs = plan_peers(n, min(args.workers, n), args.stagger, offsets, netem)
         print(f"round: {n} peers, netem={netem}, {cfg.duration_s:.0f} s ...", flush=True)
+        load_before = [round(x, 2) for x in os.getloadavg()]
         rnd = run_round(specs, replace(cfg, seed=cfg.seed + len(rounds)), pid)
+        rnd["load_avg_before"], rnd["load_avg_after"] = load_before, [round(x, 2) for x in os.getloadavg()]
         rnd["n_peers"], rnd["netem"] = n, netem
         rnd["server_metrics"] = scrape_metrics(cfg.url)
         rnd["server_lst"] = scrape_lst(cfg.url)
