@@ -286,7 +286,10 @@ async def run_peer(spec: PeerSpec, cfg: RoundConfig, clip: Any, truth: lm.ClipTr
             result["error"] = f"connection {peer.pc.connectionState} during the run"
     except WhipError as exc:
         result["error"] = f"WHIP {exc.status}: {exc.detail[:200]}"
-    except (TimeoutError, OSError, ConnectionError) as exc:
+    except TimeoutError as exc:
+        stage = "streaming" if result["connected"] else f"connect (limit {cfg.connect_timeout_s:.0f} s)"
+        result["error"] = f"timeout during {stage}: {exc}".rstrip(": ")[:300]
+    except (OSError, ConnectionError) as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"[:300]
     except Exception as exc:  # noqa: BLE001 - one peer failing must not end the others' run
         result["error"] = f"{type(exc).__name__}: {exc}"[:300]
