@@ -246,16 +246,23 @@ def _refine_group(
     t0 = pts0 + seg_lo / SAMPLE_RATE
     start_limit = int((words[0].start + MARGIN_S - t0) * SAMPLE_RATE / HOP) + 1
     problems = sorted(stops)
+    # Optional pauses between words: the reference frame just before each later word's onset.
+    pause_cols = np.unique(np.clip(np.round(np.asarray(ref.onsets[1:]) * SAMPLE_RATE / HOP).astype(int) - 1,
+                                   0, len(p_ref) - 1))
     batch_n = int(np.clip(MAX_BATCH_CELLS // (problems[-1] * len(p_ref)), 1, MAX_BATCH))
     for b in range(0, len(problems), batch_n):
         batch = problems[b : b + batch_n]
-        costs, fillers = [], []
+        costs, fillers, pauses = [], [], []
         for n_frames in batch:  # features from this problem's evidence prefix only
             feats = matched_features(p_real[:n_frames], p_ref)
             costs.append(distance_matrix(feats.real, feats.ref))
             fillers.append(float(np.quantile(costs[-1], FILLER_QUANTILE)))
+            # Holding between two words may match the real frame against silence (the reference's
+            # padding) instead of the boundary frame; same holding penalty either way.
+            pauses.append(costs[-1][:, 0] + STAY_PENALTY * fillers[-1])
         fill = np.asarray(fillers)
-        for n_frames, path in zip(batch, causal_dtw(costs, fill, STAY_PENALTY * fill, start_limit), strict=True):
+        paths = causal_dtw(costs, fill, STAY_PENALTY * fill, start_limit, pause_cols, pauses)
+        for n_frames, path in zip(batch, paths, strict=True):
             for j in stops[n_frames]:
                 k_on, k_end = ref.onsets[j] * SAMPLE_RATE / HOP, ref.ends[j] * SAMPLE_RATE / HOP
                 on = path.frame_of_or_after(k_on) if lookahead_s is not None else path.real_frame_of(k_on)

@@ -166,6 +166,8 @@ def causal_dtw(
     fillers: np.ndarray,
     stay_penalties: np.ndarray,
     start_limit: int,
+    pause_cols: np.ndarray | None = None,
+    pause_costs: list[np.ndarray] | None = None,
 ) -> list[Alignment]:
     """Open-end asymmetric DTW for several problems against one reference, in one pass.
 
@@ -175,6 +177,9 @@ def causal_dtw(
     fairly: problem k's path is the best one ending at its last real frame, anywhere in the
     reference. Real frames before the path starts cost ``fillers[k]`` each, allowed only before
     ``start_limit`` (an unlimited open start lets a poorly matching voice skip most of the audio).
+    Optional pauses: at reference frames ``pause_cols`` (between words) the path may also hold
+    while real frame ``t`` costs ``pause_costs[k][t]`` (its distance to silence) and no holding
+    penalty, so a pause the reference lacks is absorbed where it belongs, between two words.
     Row ``t`` depends on real frames ``<= t`` only. Batched because each streaming word is its
     own problem (its own audio prefix) and per-row numpy overhead dominates.
     """
@@ -188,6 +193,11 @@ def causal_dtw(
     for k, c in enumerate(costs):
         cost[k, : len(c)] = c
     back = np.empty((k_n, t_n, r_n), dtype=np.int8)
+    use_pause = pause_cols is not None and pause_costs is not None and len(pause_cols) > 0
+    if use_pause:
+        pause = np.full((k_n, t_n), np.inf)
+        for k, pc in enumerate(pause_costs):
+            pause[k, : len(pc)] = pc
     last_rows = np.empty((k_n, r_n))
     inf = np.inf
     prev = np.full((k_n, r_n), inf)
@@ -206,6 +216,11 @@ def causal_dtw(
             best[use, 0] = start[use]
             choice[use, 0] = _START
         row = cost[:, t] + best
+        if use_pause:
+            held = prev[:, pause_cols] + pause[:, t, None]
+            better = held < row[:, pause_cols]
+            row[:, pause_cols] = np.where(better, held, row[:, pause_cols])
+            choice[:, pause_cols] = np.where(better, _STAY, choice[:, pause_cols])
         back[:, t] = choice
         ends = lengths - 1 == t
         last_rows[ends] = row[ends]
