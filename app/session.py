@@ -138,6 +138,7 @@ class Session:
         self._response_task: asyncio.Task | None = None
         self._controller: Any = None
         self._pacer: Any = None
+        self._flash_pending: deque[tuple[float, float]] = deque(maxlen=256)  # (pts, flash) awaiting AUs
         self._estimate: tuple[float, Any] | None = None  # (wall, OffsetEstimate), refreshed ≤ 1/s
 
     # --- wiring -----------------------------------------------------------------------------
@@ -266,6 +267,10 @@ class Session:
                         "frames that large are dropped"))
                     continue
                 self._camera.append((t, frame))
+                if self._offset_estimator is not None:  # every frame: a one-frame flash must not be skipped
+                    self._flash_pending.append((t, _flash_of(frame)))
+                    if self._au_thread is None or "au" in self.degraded:
+                        self._flush_visual(t, None)
                 with self._slot_cond:
                     if self._slot is not None:
                         self.metrics.drop("au_latest_wins")
@@ -304,7 +309,6 @@ class Session:
                     sample, mouth = obs.au, (obs.mouth_open if obs.face else None)
                 else:
                     sample, mouth = faces.extract(VideoFrame(t, image)), None
-                flash = _flash_score(image) if self.stages.make_offset_estimator is not None else None
                 compute = time.monotonic() - c0
             except Exception as exc:  # noqa: BLE001
                 self.loop.call_soon_threadsafe(self.fail_stage, "au", exc)
@@ -317,24 +321,21 @@ class Session:
                     self.loop.call_soon_threadsafe(self.fail_stage, "load", exc)
                     controller = None
             try:
-                self.loop.call_soon_threadsafe(self._on_au, sample, estimate, compute, mouth, flash)
+                self.loop.call_soon_threadsafe(self._on_au, sample, estimate, compute, mouth)
             except RuntimeError:  # loop closed
                 return
         close = getattr(faces, "close", None)
         if callable(close):
             close()
 
-    def _on_au(self, sample: AUSample, estimate: LoadEstimate | None, compute: float, mouth: float | None,
-               flash: float | None) -> None:
+    def _on_au(self, sample: AUSample, estimate: LoadEstimate | None, compute: float, mouth: float | None) -> None:
         self._au.append(sample)
         wall = self.clock.wall_of(sample.pts)
         if wall is not None:
             self.metrics.observe_stage("au", time.monotonic() - wall, compute)
         self.emit({"type": "au", "pts": round(sample.pts, 4), "au": sample.as_dict(), "face": sample.face})
         if self._offset_estimator is not None:
-            from alignment.evidence import VisualObservation
-
-            self._feed_offset("video", VisualObservation(sample.pts, mouth, flash))
+            self._flush_visual(sample.pts, mouth)
         if estimate is not None:
             self._load.append(estimate)
             if self._pacer is not None:
@@ -342,6 +343,18 @@ class Session:
             self.emit({"type": "load", "pts": round(estimate.pts, 4), "level": estimate.level,
                        "probs": [round(float(p), 4) for p in estimate.probs],
                        "policy": estimate.policy.as_dict()})
+
+    def _flush_visual(self, upto: float, mouth: float | None) -> None:
+        """Hand the A/V estimator every frame up to ``upto`` in pts order: flash scores for all,
+        mouth openness for the frame the AU stage processed (frames it skipped carry none)."""
+        from alignment.evidence import VisualObservation
+
+        while self._flash_pending and self._flash_pending[0][0] <= upto + 1e-6:
+            pts, flash = self._flash_pending.popleft()
+            here = abs(pts - upto) <= 1e-6
+            self._feed_offset("video", VisualObservation(pts, mouth if here else None, flash))
+            if self._offset_estimator is None:
+                return
 
     # --- microphone → ASR → tokens → Level-3 ------------------------------------------------
 
@@ -737,10 +750,15 @@ def _set_origin(receiver: Any, tclock: TrackClock) -> None:
         tclock.set_origin(origin)
 
 
-def _flash_score(image: np.ndarray) -> float | None:
+def _flash_of(frame: av.VideoFrame) -> float:
+    """Marker-patch brightness of a decoded frame, read from its luma plane (no colour conversion)."""
     from alignment.evidence import flash_score
 
-    return float(flash_score(image))
+    if frame.format.name in ("yuv420p", "yuvj420p", "nv12"):
+        plane = frame.planes[0]
+        luma = np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)[:, : plane.width]
+        return float(flash_score(luma))
+    return float(flash_score(frame.to_ndarray(format="gray")))
 
 
 def _default_policy() -> Any:

@@ -21,4 +21,5 @@ def live_stages(whisper_model):
         worker.warmup()
         state.stages.asr_worker = worker
         _CACHE["stages"] = state.stages
-    return _CACHE["stages"]
+    yield _CACHE["stages"]
+    _CACHE["stages"].asr_worker.stop()  # idempotent; no inference left running at interpreter exit

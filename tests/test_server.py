@@ -149,6 +149,12 @@ async def test_happy_path_events_and_returned_video(live_stages, av_clip):  # no
             rate = len(aus) / (aus[-1].wall - aus[0].wall)
             print(f"AU events: {rate:.1f}/s over {len(aus)}")
         assert session.threads_alive()
+        # Both tracks are on the sender's clock (RTCP SRs seen), and the flash/click markers the clip
+        # carries (no A/V offset) say audio and video agree on that one timeline.
+        assert session.clock.modes() == {"audio": "sender", "video": "sender"}
+        marker_checks = [m for m in peer.of_type("sync") if m["evidence"] == "markers"]
+        print("A/V offsets by markers (ms):", [round(1000 * (m["video"] - m["audio"])) for m in marker_checks])
+        assert all(abs(m["video"] - m["audio"]) <= 0.040 for m in marker_checks)
         async with httpx.AsyncClient(base_url=base) as client:
             metrics = (await client.get("/metrics")).text
             lst = (await client.get("/metrics/lst")).json()
