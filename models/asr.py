@@ -105,8 +105,9 @@ class WhisperEngine:
     """openai-whisper greedy decoding over the audio present (+0.5 s), DTW word times.
 
     Decoding is a small greedy loop with a key/value cache rather than ``whisper.decode`` so the
-    per-call set-up (~0.2 s of tokenizer work) is paid once, the encoder runs once per call for
-    both decoding and alignment, and the committed prefix is fed in one forward pass.
+    per-call set-up (~0.2 s of tokenizer work) is paid once, the committed prefix is fed in one
+    forward pass, only the positions that are sampled are projected onto the vocabulary, and the
+    word DTW reuses the cross-attention of the decode itself (no second decoder pass).
     """
 
     name = "whisper"
@@ -115,6 +116,7 @@ class WhisperEngine:
     def __init__(
         self, model=None, context_pad_s: float = CONTEXT_PAD_S, threads: int = 1  # noqa: ANN001
     ) -> None:
+        import whisper.timing  # noqa: F401 - imports numba, which resets this thread's torch threads
         import whisper.tokenizer
 
         # torch's intra-op thread count is per calling thread (OpenMP), so this binds only the
@@ -157,10 +159,12 @@ class WhisperEngine:
             num_frames = min(num_frames, mel.shape[-1])
             with self.lock, torch.inference_mode():
                 feats = self.model.encoder(mel.unsqueeze(0))
-                text_tokens, no_speech, avg_lp = self._greedy(feats, prefix_tokens, prompt, dur)
+                text, probs, layers, first_row, no_speech, avg_lp = self._decode_tokens(
+                    feats, prefix_tokens, prompt, dur
+                )
                 if not prefix_tokens and no_speech > 0.6 and avg_lp < -1.0:
                     return []  # Whisper's own no-speech rule
-                words = self._align(feats, text_tokens, num_frames)
+                words = self._align(layers, first_row, text, probs, num_frames)
         finally:
             torch.set_num_threads(prev_threads)
         # Words aligned to the very end of the audio are continuations the model made up.
@@ -169,9 +173,32 @@ class WhisperEngine:
             n_keep -= 1
         return words[:n_keep]
 
-    def _greedy(
+    def _hidden(self, tokens: list[int], feats: torch.Tensor, cache: dict) -> torch.Tensor:
+        """Decoder hidden states (after the final layer norm), without the vocabulary projection.
+
+        Whisper's decoder projects every position onto the 51,864-token vocabulary; only the last
+        position (and the start-of-transcript one, for no-speech) is needed here, so the
+        projection is done by the caller where needed — most of a step's cost otherwise.
+        """
+        dec = self.model.decoder
+        offset = next(iter(cache.values())).shape[1] if cache else 0
+        x = torch.tensor([tokens])
+        h = dec.token_embedding(x) + dec.positional_embedding[offset : offset + len(tokens)]
+        for block in dec.blocks:
+            h = block(h, feats, mask=dec.mask, kv_cache=cache)
+        return dec.ln(h)[0]
+
+    def _decode_tokens(
         self, feats: torch.Tensor, prefix_tokens: list[int], prompt: str, dur: float
-    ) -> tuple[list[int], float, float]:
+    ) -> tuple[list[int], list[float], list[torch.Tensor], int, float, float]:
+        """Greedy decoding with a key/value cache, capturing cross-attention for the word DTW.
+
+        Returns text tokens (prefix + new), their probabilities (1.0 for the forced prefix), the
+        per-layer cross-attention logits of every fed position, the row of ``<|notimestamps|>``,
+        the no-speech probability and the mean log-probability of the new tokens.
+        """
+        from whisper.model import disable_sdpa
+
         tok = self.tokenizer
         initial: list[int] = []
         if prompt.strip():
@@ -180,66 +207,65 @@ class WhisperEngine:
         initial += self._sot_seq
         tokens = initial + prefix_tokens
         budget = min(int(dur * 8) + 8, self.n_text_ctx // 2, self.n_text_ctx - len(tokens) - 1)
-        cache, hooks = self.model.install_kv_cache_hooks()
+        emb = self.model.decoder.token_embedding.weight
+        n_layers = self.model.dims.n_text_layer
+        qks: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
+        hooks = [
+            block.cross_attn.register_forward_hook(lambda _m, _i, outs, index=i: qks[index].append(outs[-1][0]))
+            for i, block in enumerate(self.model.decoder.blocks)
+        ]
+        cache, cache_hooks = self.model.install_kv_cache_hooks()
         out: list[int] = []
+        probs: list[float] = []
         sum_lp = 0.0
         try:
-            logits = self.model.decoder(torch.tensor([tokens]), feats, kv_cache=cache)[0]
-            no_speech = float(logits[sot_index].float().softmax(-1)[tok.no_speech])
-            step = logits[-1]
-            for i in range(max(budget, 0)):
-                step = step.float().masked_fill(self._suppress, -np.inf)
-                if i == 0 and not prefix_tokens:
-                    step[self._blank] = -np.inf
-                lp = step.log_softmax(-1)
-                nxt = int(lp.argmax())
-                if nxt == tok.eot:
-                    break
-                sum_lp += float(lp[nxt])
-                out.append(nxt)
-                keep = _loop_cut(out)
-                if keep < len(out):
-                    del out[keep:]
-                    break
-                step = self.model.decoder(torch.tensor([[nxt]]), feats, kv_cache=cache)[0, -1]
+            with disable_sdpa():  # eager attention, so the cross-attention weights come back
+                h = self._hidden(tokens, feats, cache)
+                no_speech = float((h[sot_index] @ emb.T).float().softmax(-1)[tok.no_speech])
+                step = h[-1] @ emb.T
+                for i in range(max(budget, 0)):
+                    step = step.float().masked_fill(self._suppress, -np.inf)
+                    if i == 0 and not prefix_tokens:
+                        step[self._blank] = -np.inf
+                    lp = step.log_softmax(-1)
+                    nxt = int(lp.argmax())
+                    if nxt == tok.eot:
+                        break
+                    sum_lp += float(lp[nxt])
+                    out.append(nxt)
+                    probs.append(float(lp[nxt].exp()))
+                    keep = _loop_cut(prefix_tokens + out) - len(prefix_tokens)  # repeats of the prefix too
+                    if keep < len(out):
+                        del out[max(keep, 0) :], probs[max(keep, 0) :]
+                        break
+                    step = self._hidden([nxt], feats, cache)[-1] @ emb.T
         finally:
-            for h in hooks:
-                h.remove()
-        return prefix_tokens + out, no_speech, sum_lp / max(len(out), 1)
+            for hk in hooks + cache_hooks:
+                hk.remove()
+        layers = [torch.cat(rows, dim=1) for rows in qks]  # each (heads, fed positions, frames)
+        text = prefix_tokens + out
+        token_probs = [1.0] * len(prefix_tokens) + probs
+        return text, token_probs, layers, len(initial) - 1, no_speech, sum_lp / max(len(out), 1)
 
-    def _align(self, feats: torch.Tensor, text_tokens: list[int], num_frames: int) -> list[DecodedWord]:
-        """Cross-attention DTW (whisper.timing.find_alignment, reusing the encoded audio)."""
-        from whisper.model import disable_sdpa
+    def _align(
+        self, layers: list[torch.Tensor], first_row: int, text_tokens: list[int], token_probs: list[float],
+        num_frames: int,
+    ) -> list[DecodedWord]:
+        """Cross-attention DTW as in whisper.timing.find_alignment, on the decode's own attention."""
         from whisper.timing import TOKENS_PER_SECOND, WordTiming, dtw, median_filter, merge_punctuations
 
         tok = self.tokenizer
         if not text_tokens:
             return []
-        tokens = torch.tensor([[*self._sot_seq, *text_tokens, tok.eot]])
-        qks: list[torch.Tensor | None] = [None] * self.model.dims.n_text_layer
-        hooks = [
-            block.cross_attn.register_forward_hook(
-                lambda _m, _i, outs, index=i: qks.__setitem__(index, outs[-1][0])
-            )
-            for i, block in enumerate(self.model.decoder.blocks)
-        ]
-        try:
-            with disable_sdpa():
-                logits = self.model.decoder(tokens, feats)[0]
-        finally:
-            for h in hooks:
-                h.remove()
-        n_sot = len(self._sot_seq)
-        probs = logits[n_sot - 1 : -2, : tok.eot].float().softmax(-1)
-        token_probs = probs[np.arange(len(text_tokens)), text_tokens].tolist()
+        rows = slice(first_row, first_row + len(text_tokens) + 1)  # <|notimestamps|> + text tokens
         heads = self.model.alignment_heads.indices().T
-        weights = torch.stack([qks[int(layer)][int(head)] for layer, head in heads])
-        weights = weights[:, :, : max(num_frames // 2, 1)]
-        weights = weights.float().softmax(-1)
+        weights = torch.stack([layers[int(layer)][int(head), rows] for layer, head in heads])
+        if weights.shape[1] < len(text_tokens) + 1:
+            return []
+        weights = weights[:, :, : max(num_frames // 2, 1)].float().softmax(-1)
         std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
         weights = median_filter((weights - mean) / (std + 1e-9), 7)
-        matrix = weights.mean(0)[n_sot - 1 : -1]  # rows: <|notimestamps|> + text tokens
-        text_idx, time_idx = dtw(-matrix.double())
+        text_idx, time_idx = dtw(-weights.mean(0).double())
         words, word_tokens = tok.split_to_word_tokens(text_tokens + [tok.eot])
         if len(word_tokens) <= 1:
             return []
@@ -432,9 +458,12 @@ class StreamingConfig:
     tail_s: float = 0.15  # audio kept after the VAD end when finalising
     lookahead_s: float = 0.2  # refinement may look this far past a word (bounded)
     agreement: int = 2  # LocalAgreement-n
+    min_commit_s: float = 1.0  # no finals before the utterance has this much audio (junk guard)
+    right_context_s: float = 0.1  # a word becomes final only with this much audio after it
     max_window_s: float = MAX_WINDOW_S
     max_gap_s: float = 1.0  # a pts gap up to this is filled with silence; longer restarts the stream
     refine: bool = True
+    vad_gate: bool = True  # False: decode every step regardless of speech, no endpoints (baselines)
 
     def __post_init__(self) -> None:
         if self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2:
@@ -472,6 +501,7 @@ class StreamingASR:
         self._hyp: list[DecodedWord] = []  # last hypothesis after the committed words
         self._hyp_history: deque[list[str]] = deque(maxlen=max(self.config.agreement - 1, 1))
         self._decoded_until = 0.0
+        self._utt_start = 0.0
         self._utt_text: list[str] = []
         self.decode_count = 0
         self.decode_s = 0.0
@@ -499,12 +529,15 @@ class StreamingASR:
             samples = samples[min(int(round(-gap * SAMPLE_RATE)), samples.size) :]
         if samples.size == 0:
             return events
+        if not self.config.vad_gate and not self._in_utt:
+            events += self._on_vad(VADEvent("start", self._pos))
         self._buf.append(samples)
         self._pos += samples.size / SAMPLE_RATE
-        for ev in self._vad.feed(samples):
-            events += self._on_vad(ev)
+        if self.config.vad_gate:
+            for ev in self._vad.feed(samples):
+                events += self._on_vad(ev)
         if self._in_utt:
-            if self._vad.pts - self._decoded_until >= self.config.step_s - 1e-9:
+            if self._heard - self._decoded_until >= self.config.step_s - 1e-9:
                 events += self._decode_step()
         else:
             self._buf.trim_before(self._buf.end - self.config.pre_roll_s)
@@ -513,9 +546,16 @@ class StreamingASR:
     def flush(self) -> list[ASREvent]:
         """End of input: finalise the open utterance, if any."""
         events: list[ASREvent] = []
+        if not self.config.vad_gate:
+            return self._on_vad(VADEvent("end", self._pos)) if self._in_utt else []
         for ev in self._vad.flush():
             events += self._on_vad(ev)
         return events
+
+    @property
+    def _heard(self) -> float:
+        """Pts up to which audio has been classified (VAD) or, ungated, received."""
+        return self._vad.pts if self.config.vad_gate else self._pos
 
     def _end_stream(self) -> list[ASREvent]:
         return self.flush()
@@ -535,12 +575,13 @@ class StreamingASR:
             self._n_final = 0
             self._utt_text = []
             self._decoded_until = ev.pts
+            self._utt_start = ev.pts
             return []
         if not self._in_utt:
             return []
         end = ev.pts
         audio_end = min(end + cfg.tail_s, self._buf.end)
-        events = self._finalise(audio_end)
+        events = self._finalise(audio_end, end)
         self._in_utt = False
         events.append(UtteranceEnd(end, self._utt, " ".join(self._utt_text)))
         self._buf.trim_before(self._buf.end - cfg.pre_roll_s)
@@ -549,21 +590,31 @@ class StreamingASR:
     def _decode(self, audio_end: float) -> list[DecodedWord]:
         """Decode the window up to ``audio_end``; return the words after the committed ones."""
         audio = self._buf.slice(self._win_start, audio_end)
-        prefix = [w.raw for w in self._committed]
+        # Punctuation is left out of the forced prefix: a forced full stop invites end-of-text.
+        prefix = [_bare(w.raw) for w in self._committed]
         t = time.perf_counter()
         words = self.engine.transcribe(audio, prefix=prefix, prompt=self._prompt)
+        if not self.engine.forces_prefix:
+            words = _after_committed(words, self._committed)
+        else:
+            words = words[len(self._committed) :]
+            done = self._committed[-1].end if self._committed else 0.0
+            if not words and self._committed and audio.size / SAMPLE_RATE - done > 0.6:
+                # The prefix ended the text although speech went on: decode the rest unprefixed.
+                cut = max(done - 0.1, 0.0)
+                prompt = (self._prompt + "".join(w.raw for w in self._committed)).strip()
+                rest = self.engine.transcribe(audio[int(cut * SAMPLE_RATE) :], prompt=prompt)
+                words = [replace(w, start=w.start + cut, end=w.end + cut) for w in rest if w.start + cut >= done - 0.05]
         self.decode_s += time.perf_counter() - t
         self.decode_count += 1
         self._decoded_until = audio_end
-        if self.engine.forces_prefix:
-            return words[len(self._committed) :]
-        return _after_committed(words, self._committed)
+        return words
 
     def _decode_step(self) -> list[ASREvent]:
         cfg = self.config
-        if self._vad.pts - self._win_start > cfg.max_window_s:
+        if self._heard - self._win_start > cfg.max_window_s:
             self._rebase()
-        new = self._decode(self._vad.pts)
+        new = self._decode(self._heard)
         keys = [w.key for w in new]
         n_agree = len(new)
         for old in self._hyp_history:
@@ -575,7 +626,13 @@ class StreamingASR:
             n_agree = 0
         if cfg.agreement <= 1:
             n_agree = len(new)
-        finals = new[:n_agree]
+        heard = self._heard - self._win_start
+        if self._heard - self._utt_start < cfg.min_commit_s:
+            n_agree = 0
+        while n_agree and new[n_agree - 1].end > heard - cfg.right_context_s:
+            n_agree -= 1
+        # Mid-utterance, a full stop seen on a partial window is not the end of a sentence.
+        finals = [replace(w, raw=w.raw.rstrip(".?!") or w.raw) for w in new[:n_agree]]
         self._hyp = new[n_agree:]
         self._hyp_history.append([w.key for w in self._hyp])
         events = self._emit_finals(finals)
@@ -585,12 +642,17 @@ class StreamingASR:
                                     self._utt, self._n_final + i))
         return events
 
-    def _finalise(self, audio_end: float) -> list[ASREvent]:
-        """Every pending word of the utterance becomes final (one more decode if audio is new)."""
+    def _finalise(self, audio_end: float, speech_end: float) -> list[ASREvent]:
+        """Every pending word of the utterance becomes final (one more decode if audio is new).
+
+        Words that start after the VAD end of speech are the model talking over silence: dropped.
+        """
         if audio_end - self._decoded_until > 0.05 or not self._hyp:
             pending = self._decode(audio_end)
         else:
             pending = self._hyp
+        limit = speech_end - self._win_start
+        pending = [w for w in pending if w.start < limit]
         self._hyp = []
         self._hyp_history.clear()
         return self._emit_finals(pending)
@@ -621,6 +683,12 @@ class StreamingASR:
         self._committed = []
         self._win_start = last_end
         self._buf.trim_before(last_end)
+
+
+def _bare(raw: str) -> str:
+    """A raw Whisper word without punctuation, keeping its leading space, case and apostrophes."""
+    core = re.sub(r"[^\w']+", "", raw)
+    return " " + core if core else raw
 
 
 def _after_committed(words: list[DecodedWord], committed: list[DecodedWord]) -> list[DecodedWord]:
@@ -737,6 +805,26 @@ class ASRStream:
             self._loop.call_soon_threadsafe(put)
 
 
+def _merge_contiguous(chunks: list[AudioChunk]) -> list[AudioChunk]:
+    """Join chunks that follow each other without a gap, so a turn decodes once, not per chunk."""
+    out: list[AudioChunk] = []
+    run: list[AudioChunk] = []
+    for c in chunks:
+        if run and abs(c.pts - run[-1].end) > 0.5 / SAMPLE_RATE:
+            out.append(_join(run))
+            run = []
+        run.append(c)
+    if run:
+        out.append(_join(run))
+    return out
+
+
+def _join(run: list[AudioChunk]) -> AudioChunk:
+    if len(run) == 1:
+        return run[0]
+    return AudioChunk(run[0].pts, np.concatenate([np.asarray(c.samples, np.float32) for c in run]))
+
+
 class ASRWorker:
     """One model, many sessions: round-robin on a worker thread, bounded queues everywhere.
 
@@ -752,7 +840,7 @@ class ASRWorker:
         max_queue_s: float = 5.0,
         max_events: int = 512,
         max_streams: int = 64,
-        max_chunks_per_turn: int = 64,
+        max_chunks_per_turn: int = 10_000,
         model=None,  # noqa: ANN001
         autostart: bool = True,
     ) -> None:
@@ -862,7 +950,7 @@ class ASRWorker:
             try:
                 events: list[ASREvent | None] = []
                 before_n, before_s = stream.asr.decode_count, stream.asr.decode_s
-                for c in chunks:
+                for c in _merge_contiguous(chunks):
                     events += stream.asr.feed(c)
                 if closing:
                     events += stream.asr.flush()
