@@ -174,6 +174,8 @@ def refine_word_times(
     x = np.asarray(audio, dtype=np.float32)
     if x.ndim != 1:
         raise ValueError(f"audio must be 1-D mono samples, got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("audio contains NaN or infinite samples")
     texts = [_clean(w.text) for w in words]
     keep = [i for i, t in enumerate(texts) if t]
     mapped: dict[int, tuple[float | None, float | None]] = {}

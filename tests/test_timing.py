@@ -192,5 +192,7 @@ def test_bad_input_is_a_clear_error():
     words = [WordToken("hi", 0.1, 0.3)]
     with pytest.raises(ValueError, match="1-D"):
         refine_word_times(np.zeros((2, SAMPLE_RATE), np.float32), 0.0, words)
+    with pytest.raises(ValueError, match="NaN"):
+        refine_word_times(np.full(SAMPLE_RATE, np.nan, np.float32), 0.0, words)
     with pytest.raises(ValueError, match="lookahead"):
         refine_word_times(np.zeros(SAMPLE_RATE, np.float32), 0.0, words, lookahead_s=-0.1)
