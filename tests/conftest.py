@@ -23,7 +23,7 @@ def speech():
 @pytest.fixture(scope="session")
 def av_clip():
     """A talking-face clip with speech, sync markers, and no A/V offset."""
-    return testmedia.make_av_clip(markers=(0.25, 3.5))
+    return testmedia.make_av_clip(text="please call me back when you have a moment", markers=(0.25, 3.5))
 
 
 @pytest.fixture(scope="session")
