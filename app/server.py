@@ -228,9 +228,13 @@ def warm_up(config: ServerConfig, state: WarmState) -> None:
 
         st.lst = LSTAggregate()
 
-    for name, fn in (("faces", faces), ("controller", controller), ("asr", asr), ("render", render),
+    # Whisper is the long pole: it loads and runs in its own thread while the rest warm up here.
+    asr_thread = threading.Thread(target=attempt, args=("asr", asr), name="warm-up-asr", daemon=True)
+    asr_thread.start()
+    for name, fn in (("faces", faces), ("controller", controller), ("render", render),
                      ("sync", sync), ("response", response), ("lst", lst)):
         attempt(name, fn)
+    asr_thread.join()
 
 
 def _warm_stream(worker: Any) -> None:
@@ -241,8 +245,8 @@ def _warm_stream(worker: Any) -> None:
     from app.testmedia import synthesize_speech
     from models.asr import StreamingASR
 
-    audio = synthesize_speech("warm up the stream", lead_in_s=0.3).samples
-    audio = np.concatenate([audio, np.zeros(8000, np.float32)])
+    audio = synthesize_speech("hello there", lead_in_s=0.2).samples  # one short utterance is enough
+    audio = np.concatenate([audio, np.zeros(6400, np.float32)])
     stream = StreamingASR(worker.engine, worker.config)
     for i in range(0, len(audio), 320):
         stream.feed(AudioChunk(i / 16000, audio[i : i + 320]))
