@@ -584,7 +584,8 @@ class StreamingASR:
         events = self._finalise(audio_end, end)
         self._in_utt = False
         events.append(UtteranceEnd(end, self._utt, " ".join(self._utt_text)))
-        self._buf.trim_before(self._buf.end - cfg.pre_roll_s)
+        # Only up to the end of speech: a big chunk may already hold the next utterance.
+        self._buf.trim_before(end)
         return events
 
     def _decode(self, audio_end: float) -> list[DecodedWord]:

@@ -188,3 +188,17 @@ def test_faster_whisper_engine_by_name(speech):
 def test_streaming_config_is_validated():
     with pytest.raises(ValueError):
         StreamingConfig(step_s=0)
+
+
+def test_one_big_chunk_with_two_utterances_keeps_both(whisper_model):
+    """A worker that fell behind feeds seconds at once; the second utterance must survive."""
+    a = testmedia.synthesize_speech("send the report", lead_in_s=0.3)
+    b = testmedia.synthesize_speech("call me at noon", lead_in_s=0.8)
+    audio = np.concatenate([a.samples, b.samples, np.zeros(int(0.6 * SAMPLE_RATE), np.float32)])
+    asr = StreamingASR(model=whisper_model)
+    events = asr.feed(AudioChunk(0.0, audio)) + asr.flush()
+    ends = [e for e in events if isinstance(e, UtteranceEnd)]
+    assert len(ends) == 2
+    finals = [e for e in events if isinstance(e, WordToken) and e.final]
+    assert {f.utterance for f in finals} == {0, 1}
+    assert _hits([f for f in finals if f.utterance == 1], b) >= len(b.words) - 1
