@@ -67,9 +67,9 @@ def test_match_tokens_recovers_latency_lag_and_misses(loop_clip):
     extra = [(gap + 1, {"type": "token", "text": "zebra", "start": gap, "end": gap + 0.2, "final": True})]
     assert lm.match_tokens(truth, tokens + extra, 3 * truth.period_s)[2] == 1
     # A misheard word over the skipped word's interval stands for it: matched by time, not by text.
-    brown = truth.words[2]
-    misheard = [(brown.end + 0.5, {"type": "token", "text": "round", "start": brown.start - 0.12,
-                                   "end": brown.end - 0.12, "final": True})]
+    skipped = truth.words[2]  # the word skip={3} left without a token
+    misheard = [(skipped.end + 0.5, {"type": "token", "text": "round", "start": skipped.start - 0.12,
+                                   "end": skipped.end - 0.12, "final": True})]
     words2, _, unmatched2 = lm.match_tokens(truth, tokens + misheard, 3 * truth.period_s)
     assert unmatched2 == 0
     assert words2[2].matched_by == "time" and words2[2].latency_s == pytest.approx(0.5)
