@@ -14,8 +14,13 @@ last sample above -40 dB. Each stream is a few sentences with pauses between the
 * Baseline in the same run: LocalAgreement-2 over faster-whisper (30-s padded), 1 s steps, no
   VAD gating (whisper_streaming's scheme), simulated real time like the 1-stream case.
 
+Clocks: the machine is shared (other jobs load its two cores), so latency is reported twice: on
+a clock that advances by the wall time of each compute step (this machine as loaded now), and on
+one that advances by the CPU time used (what a dedicated core would take). The N-stream case runs
+through the real ASRWorker in wall time, and as the worker's round-robin policy on a CPU clock.
+
 Targets: 1 stream p50 <= 350 ms and p95 <= 700 ms; N streams p95 <= 1.0 s; streaming WER within
-2 points of offline. Exit status 1 when a target fails.
+2 points of offline. Every target is judged on both clocks; exit status 1 when any fails.
 
     .venv/bin/python bench/asr_stream.py            # 5 sentences per stream
     .venv/bin/python bench/asr_stream.py --quick    # 2 sentences per stream, for CI
@@ -40,6 +45,7 @@ from models.asr import (
     StreamingASR,
     StreamingConfig,
     UtteranceEnd,
+    join_chunks,
     normalize_word,
     transcribe_words,
 )
@@ -128,7 +134,8 @@ def latencies(session: Session, finals: list[tuple[float, WordToken]]) -> list[f
 
 @dataclass
 class RunResult:
-    lat: list[float]
+    lat: list[float]  # emission on the wall-time simulated clock - true word end
+    lat_cpu: list[float]  # the same on the CPU-time clock (one dedicated core)
     finals: list[list[str]]
     compute_s: float
     cpu_s: float
@@ -137,29 +144,78 @@ class RunResult:
 
 
 def run_simulated(sessions: list[Session], config: StreamingConfig, engine: str) -> RunResult:
-    """One stream at a time on a computation-aware simulated clock."""
-    lat, finals_text, compute, cpu, decodes = [], [], 0.0, 0.0, 0
+    """One stream at a time on computation-aware simulated clocks.
+
+    Two clocks advance together: by the wall time of each ``feed`` (this machine, as loaded now)
+    and by the process CPU time it used (what a dedicated core would take; nothing else runs in
+    this process meanwhile). The decode points
+    depend only on the audio, so one pass serves both.
+    """
+    lat, lat_cpu, finals_text, compute, cpu, decodes = [], [], [], 0.0, 0.0, 0
     for s in sessions:
         asr = StreamingASR(engine, config)
-        sim = 0.0
+        sim = sim_cpu = 0.0
         finals: list[tuple[float, WordToken]] = []
-        for c in chunks(s.audio):
-            sim = max(sim, c.end)
+        finals_cpu: list[tuple[float, WordToken]] = []
+        for c in [*chunks(s.audio), None]:
+            if c is not None:
+                sim, sim_cpu = max(sim, c.end), max(sim_cpu, c.end)
             t, p = time.perf_counter(), time.process_time()
-            evs = asr.feed(c)
-            dt = time.perf_counter() - t
-            cpu += time.process_time() - p
+            evs = asr.feed(c) if c is not None else asr.flush()
+            dt, dc = time.perf_counter() - t, time.process_time() - p
             compute += dt
+            cpu += dc
             sim += dt
-            finals += [(sim, e) for e in evs if isinstance(e, WordToken) and e.final]
-        t = time.perf_counter()
-        evs = asr.flush()
-        sim += time.perf_counter() - t
-        finals += [(sim, e) for e in evs if isinstance(e, WordToken) and e.final]
+            sim_cpu += dc
+            fin = [e for e in evs if isinstance(e, WordToken) and e.final]
+            finals += [(sim, e) for e in fin]
+            finals_cpu += [(sim_cpu, e) for e in fin]
         lat += latencies(s, finals)
+        lat_cpu += latencies(s, finals_cpu)
         finals_text.append([tok.text for _, tok in finals])
         decodes += asr.decode_count
-    return RunResult(lat, finals_text, compute, cpu, sum(s.duration for s in sessions), decodes)
+    return RunResult(lat, lat_cpu, finals_text, compute, cpu, sum(s.duration for s in sessions), decodes)
+
+
+def run_round_robin_cpu(sessions: list[Session], config: StreamingConfig) -> RunResult:
+    """All sessions on one dedicated core, simulated: the ASRWorker's policy on a CPU-time clock.
+
+    Like the worker, each turn takes one session's audio that has arrived by now, joins it and
+    feeds it once (at most one decode), round-robin over sessions.
+    """
+    streams = [StreamingASR("whisper", config) for _ in sessions]
+    todo = [chunks(s.audio) for s in sessions]
+    pos = [0] * len(sessions)
+    done = [False] * len(sessions)
+    finals: list[list[tuple[float, WordToken]]] = [[] for _ in sessions]
+    sim, cpu = 0.0, 0.0
+    while not all(done):
+        progressed = False
+        for k, asr in enumerate(streams):
+            if done[k]:
+                continue
+            j = pos[k]
+            while j < len(todo[k]) and todo[k][j].end <= sim + 1e-9:
+                j += 1
+            if j == pos[k] and j < len(todo[k]):
+                continue
+            batch = todo[k][pos[k] : j]
+            pos[k] = j
+            p = time.process_time()
+            evs = asr.feed(join_chunks(batch)) if batch else []
+            if pos[k] == len(todo[k]):
+                evs += asr.flush()
+                done[k] = True
+            dc = time.process_time() - p
+            sim += dc
+            cpu += dc
+            finals[k] += [(sim, e) for e in evs if isinstance(e, WordToken) and e.final]
+            progressed = True
+        if not progressed:
+            sim = min(todo[k][pos[k]].end for k in range(len(sessions)) if not done[k])
+    lat = [x for s, f in zip(sessions, finals, strict=True) for x in latencies(s, f)]
+    return RunResult(lat, lat, [[t.text for _, t in f] for f in finals], cpu, cpu,
+                     sum(s.duration for s in sessions), sum(a.decode_count for a in streams))
 
 
 async def run_worker(sessions: list[Session], config: StreamingConfig) -> tuple[RunResult, object]:
@@ -196,7 +252,7 @@ async def run_worker(sessions: list[Session], config: StreamingConfig) -> tuple[
     stats = worker.stats()
     worker.stop()
     lat = [x for s, got in zip(sessions, results, strict=True) for x in latencies(s, got)]
-    res = RunResult(lat, [[t.text for _, t in got] for got in results], stats.decodes * stats.decode_ms_mean
+    res = RunResult(lat, lat, [[t.text for _, t in got] for got in results], stats.decodes * stats.decode_ms_mean
                     / 1000, cpu, sum(s.duration for s in sessions), stats.decodes)
     return res, stats
 
@@ -238,34 +294,48 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n1 stream at a time ({len(sessions)} sessions, {len(VOICES[: len(sessions)])} voices), whisper"
           f" (variable context), step {config.step_s}s, LocalAgreement-{config.agreement},"
           f" simulated real time: {len(one.lat)} words, audio {one.audio_s:.1f}s")
-    print(f"  final-word latency p50 {1000 * pct(one.lat, 50):.0f} ms  p95 {1000 * pct(one.lat, 95):.0f} ms"
-          f"  max {1000 * max(one.lat, default=float('nan')):.0f} ms")
-    print(f"  RTF {one.compute_s / one.audio_s:.3f}  CPU {one.cpu_s:.2f}s for {one.audio_s:.1f}s audio"
-          f"  decodes {one.decodes} ({1000 * one.compute_s / max(one.decodes, 1):.0f} ms per feed-with-decode)")
-    print(f"  WER streaming {100 * wer_stream:.1f}%  offline {100 * wer_off:.1f}%")
-    verdict("1 stream p50", 1000 * pct(one.lat, 50), 350)
-    verdict("1 stream p95", 1000 * pct(one.lat, 95), 700)
+    print(f"  wall clock (this machine, loaded): p50 {1000 * pct(one.lat, 50):.0f} ms"
+          f"  p95 {1000 * pct(one.lat, 95):.0f} ms  max {1000 * max(one.lat, default=float('nan')):.0f} ms")
+    print(f"  CPU clock (one dedicated core):    p50 {1000 * pct(one.lat_cpu, 50):.0f} ms"
+          f"  p95 {1000 * pct(one.lat_cpu, 95):.0f} ms  max {1000 * max(one.lat_cpu, default=float('nan')):.0f} ms")
+    print(f"  RTF wall {one.compute_s / one.audio_s:.3f}, CPU {one.cpu_s / one.audio_s:.3f}"
+          f" ({one.cpu_s:.2f} CPU s for {one.audio_s:.1f} s audio, {one.cpu_s / len(sessions):.2f} per stream);"
+          f" decodes {one.decodes}, {1000 * one.compute_s / max(one.decodes, 1):.0f} ms wall"
+          f" / {1000 * one.cpu_s / max(one.decodes, 1):.0f} ms CPU per decoding feed")
+    print(f"  WER streaming {100 * wer_stream:.1f}%  offline {100 * wer_off:.1f}%  ({len(off_ref)} words)")
+    verdict("1 stream p50, wall clock", 1000 * pct(one.lat, 50), 350)
+    verdict("1 stream p95, wall clock", 1000 * pct(one.lat, 95), 700)
+    verdict("1 stream p50, CPU clock", 1000 * pct(one.lat_cpu, 50), 350)
+    verdict("1 stream p95, CPU clock", 1000 * pct(one.lat_cpu, 95), 700)
     verdict("WER streaming - offline", 100 * (wer_stream - wer_off), 2.0, "points")
 
     if args.streams > 1:
+        refs = sum([list(s.text) for s in sessions], [])
         many, stats = asyncio.run(run_worker(sessions, config))
-        refs = [list(s.text) for s in sessions]
-        wer_many = wer(sum(refs, []), sum(many.finals, []))
-        print(f"\n{args.streams} streams through one ASRWorker, real time: {len(many.lat)} words")
-        print(f"  final-word latency p50 {1000 * pct(many.lat, 50):.0f} ms  p95 {1000 * pct(many.lat, 95):.0f} ms"
-              f"  max {1000 * max(many.lat, default=float('nan')):.0f} ms")
-        print(f"  CPU {many.cpu_s / args.streams:.2f}s per stream for {many.audio_s / args.streams:.1f}s audio"
-              f" (RTF {many.cpu_s / many.audio_s:.3f}); WER {100 * wer_many:.1f}%; worker {stats}")
-        verdict(f"{args.streams} streams p95", 1000 * pct(many.lat, 95), 1000)
+        print(f"\n{args.streams} streams through one ASRWorker, real time (wall): {len(many.lat)} words")
+        print(f"  p50 {1000 * pct(many.lat, 50):.0f} ms  p95 {1000 * pct(many.lat, 95):.0f} ms"
+              f"  max {1000 * max(many.lat, default=float('nan')):.0f} ms; CPU {many.cpu_s / args.streams:.2f} s"
+              f" per stream for {many.audio_s / args.streams:.1f} s audio;"
+              f" WER {100 * wer(refs, sum(many.finals, [])):.1f}%")
+        print(f"  worker: {stats}")
+        rr = run_round_robin_cpu(sessions, config)
+        print(f"{args.streams} streams, the worker's round-robin on a CPU clock (one dedicated core):"
+              f" p50 {1000 * pct(rr.lat, 50):.0f} ms  p95 {1000 * pct(rr.lat, 95):.0f} ms;"
+              f" CPU RTF {rr.cpu_s / rr.audio_s:.3f}; decodes {rr.decodes};"
+              f" WER {100 * wer(refs, sum(rr.finals, [])):.1f}%")
+        verdict(f"{args.streams} streams p95, wall clock", 1000 * pct(many.lat, 95), 1000)
+        verdict(f"{args.streams} streams p95, CPU clock", 1000 * pct(rr.lat, 95), 1000)
 
     if not args.no_baseline:
         base_cfg = StreamingConfig(step_s=1.0, agreement=2, vad_gate=False, max_window_s=15.0, refine=False)
         base = run_simulated(sessions, base_cfg, "faster-whisper")
         print("\nbaseline: LocalAgreement-2 over faster-whisper (int8, 30-s padded), 1 s chunks, no VAD,"
               f" simulated real time: {len(base.lat)} words")
-        print(f"  final-word latency p50 {1000 * pct(base.lat, 50):.0f} ms  p95 {1000 * pct(base.lat, 95):.0f} ms;"
-              f" RTF {base.compute_s / base.audio_s:.3f}; WER {100 * wer(off_ref, sum(base.finals, [])):.1f}%")
-        print(f"  ours vs baseline p50: {pct(base.lat, 50) / max(pct(one.lat, 50), 1e-9):.1f}x lower")
+        print(f"  wall clock p50 {1000 * pct(base.lat, 50):.0f} ms  p95 {1000 * pct(base.lat, 95):.0f} ms;"
+              f" CPU clock p50 {1000 * pct(base.lat_cpu, 50):.0f} ms  p95 {1000 * pct(base.lat_cpu, 95):.0f} ms;"
+              f" RTF wall {base.compute_s / base.audio_s:.3f}; WER {100 * wer(off_ref, sum(base.finals, [])):.1f}%")
+        print(f"  ours vs baseline, p50: {pct(base.lat, 50) / max(pct(one.lat, 50), 1e-9):.1f}x lower (wall),"
+              f" {pct(base.lat_cpu, 50) / max(pct(one.lat_cpu, 50), 1e-9):.1f}x lower (CPU)")
     print(f"\nload average at end {os.getloadavg()[0]:.2f}; {'ALL PASS' if not fails else f'{fails} FAIL'}")
     return 1 if fails else 0
 

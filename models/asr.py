@@ -449,7 +449,11 @@ class _AudioBuffer:
 
 @dataclass(frozen=True)
 class StreamingConfig:
-    """Streaming knobs; defaults meet the latency targets on two cores with tiny.en."""
+    """Streaming knobs (defaults chosen on espeak speech with tiny.en; see bench/asr_stream.py).
+
+    Final-word latency is roughly ``right_context_s`` + up to two ``step_s`` + one decode for
+    words inside an utterance, and ``min_silence_s`` + one decode for its last word.
+    """
 
     step_s: float = 0.3  # re-decode after this much new speech audio
     min_silence_s: float = 0.25  # VAD silence that ends an utterance
@@ -812,15 +816,16 @@ def _merge_contiguous(chunks: list[AudioChunk]) -> list[AudioChunk]:
     run: list[AudioChunk] = []
     for c in chunks:
         if run and abs(c.pts - run[-1].end) > 0.5 / SAMPLE_RATE:
-            out.append(_join(run))
+            out.append(join_chunks(run))
             run = []
         run.append(c)
     if run:
-        out.append(_join(run))
+        out.append(join_chunks(run))
     return out
 
 
-def _join(run: list[AudioChunk]) -> AudioChunk:
+def join_chunks(run: list[AudioChunk]) -> AudioChunk:
+    """One chunk holding ``run`` (assumed contiguous), starting at the first one's pts."""
     if len(run) == 1:
         return run[0]
     return AudioChunk(run[0].pts, np.concatenate([np.asarray(c.samples, np.float32) for c in run]))
