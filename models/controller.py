@@ -196,11 +196,16 @@ def load_model(weights: str | Path | None = None) -> ControllerModel:
 
 @dataclass(frozen=True)
 class Hysteresis:
-    """How reluctant the level is to change (all times on the session clock, seconds)."""
+    """How reluctant the level is to change (all times on the session clock, seconds).
+
+    A jump of two or more levels is rarely noise, so it is confirmed quickly; a step to the next
+    level is where noise flaps, so it must persist longer.
+    """
 
     smoothing_s: float = 0.10  # EMA time constant on the class probabilities
     margin: float = 0.35  # new level's smoothed prob must beat the current one's by this much
-    confirm_s: float = 0.15  # ... continuously for this long (divided by the levels jumped)
+    confirm_s: float = 0.10  # ... continuously for this long (jumps of >= 2 levels)
+    confirm_adjacent_s: float = 1.0  # ... or this long (a step to the next level)
     min_dwell_s: float = 1.0  # and the current level must have lasted this long
 
 
@@ -236,8 +241,8 @@ class LevelTracker:
             self._candidate, self._candidate_since = best, pts
         if (
             self._candidate is not None
-            # a jump of several levels is unmistakable sooner than a step to the next level
-            and pts - self._candidate_since >= h.confirm_s / abs(self._candidate - self.level) - 1e-9
+            and pts - self._candidate_since
+            >= (h.confirm_s if abs(self._candidate - self.level) >= 2 else h.confirm_adjacent_s) - 1e-9
             and pts - self._since >= h.min_dwell_s
         ):
             self.level, self._since, self._candidate = self._candidate, pts, None

@@ -80,7 +80,7 @@ class SyntheticPerson:
     jitter: float  # per-frame measurement noise
     rate_hz: float  # AU samples per second
     talkativeness: float  # fraction of time speaking (AU25/AU26 activity)
-    onset_s: float  # how fast the face follows a load change
+    onset_s: float  # how fast the face follows a load change (0: at once)
 
 
 def random_person(rng: np.random.Generator) -> SyntheticPerson:
@@ -96,7 +96,8 @@ def random_person(rng: np.random.Generator) -> SyntheticPerson:
         jitter=float(rng.uniform(0.01, 0.025)),
         rate_hz=float(rng.uniform(15.0, 30.0)),
         talkativeness=float(rng.uniform(0.0, 0.5)),
-        onset_s=float(rng.uniform(0.1, 0.4)),
+        # some faces change at once, others lag: the network must not extrapolate a slope
+        onset_s=0.0 if rng.random() < 0.3 else float(rng.uniform(0.05, 0.4)),
     )
 
 
@@ -157,7 +158,7 @@ def synthetic_session(
     bounds = np.cumsum([d for _, d in plan])
     label = np.array([plan[min(int(np.searchsorted(bounds, x, side="right")), len(plan) - 1)][0] for x in t])
     frac = np.asarray(LEVEL_FRACTION)[label]
-    if not step_onset:  # first-order lag of the expressed load behind the true load
+    if not step_onset and person.onset_s > 0:  # first-order lag of the expressed load behind the true load
         dt = np.diff(t, prepend=t[0])
         lagged = np.empty(n)
         acc = 0.0
