@@ -97,7 +97,7 @@ def synthesize_reference(words: tuple[str, ...], voice: str = REF_VOICE, wpm: in
     events are matched to words by character position, and words without an event get a time
     interpolated by character position between their neighbours.
     """
-    from app.testmedia import synthesize_speech  # espeak-ng wrapper (ctypes)
+    from alignment.espeak import synthesize_speech  # espeak-ng wrapper (ctypes)
 
     spans: list[tuple[int, int]] = []
     parts: list[str] = []

@@ -3,8 +3,8 @@
 Used by the tests, the benchmarks and the load-test peers, so every timing claim can be checked
 against a truth the pipeline did not produce itself:
 
-* speech from libespeak-ng (Debian ``espeak-ng``) through ctypes, with its word events
-  (event type 1, ``audio_position`` in ms) as exact word onsets;
+* speech from libespeak-ng (``alignment.espeak``, re-exported here), with its word events as
+  exact word onsets;
 * a face video made from a portrait that matplotlib ships (Grace Hopper, public domain), whose
   mouth opens with the speech envelope, so lip motion carries real audio-visual evidence;
 * broadcast-style sync markers: a white flash in the video and a 1 kHz click in the audio at
@@ -13,9 +13,6 @@ against a truth the pipeline did not produce itself:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import threading
 import wave
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,161 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from alignment import evidence as _evidence
+from alignment.espeak import EspeakUnavailable, Speech, TimedWord, resample, synthesize_speech
 from alignment.types import SAMPLE_RATE
 
-# --- speech ---------------------------------------------------------------------------------
-
-_ESPEAK_EVENT_WORD = 1
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_POS_CHARACTER = 1
-_ESPEAK_RATE = 1
-_ESPEAK_PITCH = 3
-
-
-class _EspeakEvent(ctypes.Structure):
-    _fields_ = [
-        ("type", ctypes.c_int),
-        ("unique_identifier", ctypes.c_uint),
-        ("text_position", ctypes.c_int),
-        ("length", ctypes.c_int),
-        ("audio_position", ctypes.c_int),
-        ("sample", ctypes.c_int),
-        ("user_data", ctypes.c_void_p),
-        ("id", ctypes.c_char * 8),
-    ]
-
-
-_SynthCallback = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_EspeakEvent)
-)
-
-
-class EspeakUnavailable(RuntimeError):
-    """libespeak-ng is not installed (``apt-get install espeak-ng``)."""
-
-
-@dataclass(frozen=True)
-class TimedWord:
-    """A word of generated speech and its exact onset (s) in the generated audio."""
-
-    text: str
-    start: float
-
-
-@dataclass(frozen=True)
-class Speech:
-    """16 kHz mono float32 speech and the exact onset of each word."""
-
-    samples: np.ndarray = field(repr=False)
-    words: tuple[TimedWord, ...]
-    text: str
-
-    @property
-    def duration(self) -> float:
-        return len(self.samples) / SAMPLE_RATE
-
-
-class _Espeak:
-    """The process-wide libespeak-ng engine (it keeps global state, so calls are serialised)."""
-
-    _lock = threading.Lock()
-    _lib: ctypes.CDLL | None = None
-    _rate_hz = 22050
-
-    def __init__(self) -> None:
-        self._pcm: list[np.ndarray] = []
-        self._events: list[tuple[int, int, int, int]] = []
-        self._callback = _SynthCallback(self._on_synth)
-
-    def _on_synth(self, wav: ctypes.Array, n: int, events: ctypes.Array) -> int:
-        if n > 0 and wav:
-            self._pcm.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
-        i = 0
-        while events[i].type != 0:
-            ev = events[i]
-            if ev.type == _ESPEAK_EVENT_WORD:
-                self._events.append((ev.text_position, ev.length, ev.audio_position, ev.sample))
-            i += 1
-        return 0
-
-    @classmethod
-    def _load(cls) -> ctypes.CDLL:
-        if cls._lib is None:
-            name = ctypes.util.find_library("espeak-ng") or "libespeak-ng.so.1"
-            try:
-                lib = ctypes.CDLL(name)
-            except OSError as exc:
-                raise EspeakUnavailable(
-                    "libespeak-ng not found; install it with `apt-get install espeak-ng`"
-                ) from exc
-            lib.espeak_Initialize.restype = ctypes.c_int
-            lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-            lib.espeak_SetSynthCallback.argtypes = [_SynthCallback]
-            lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-            lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-            lib.espeak_Synth.argtypes = [
-                ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
-                ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-            ]
-            rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, None, 0)
-            if rate <= 0:
-                raise EspeakUnavailable("espeak_Initialize failed")
-            cls._rate_hz = rate
-            cls._lib = lib
-        return cls._lib
-
-    def synthesize(self, text: str, voice: str, wpm: int, pitch: int) -> tuple[np.ndarray, list]:
-        with self._lock:
-            lib = self._load()
-            lib.espeak_SetSynthCallback(self._callback)
-            if lib.espeak_SetVoiceByName(voice.encode()) != 0:
-                raise ValueError(f"unknown espeak-ng voice {voice!r}")
-            lib.espeak_SetParameter(_ESPEAK_RATE, int(wpm), 0)
-            lib.espeak_SetParameter(_ESPEAK_PITCH, int(pitch), 0)
-            data = text.encode("utf-8")
-            self._pcm, self._events = [], []
-            lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, 0, None, None)
-            lib.espeak_Synchronize()
-            pcm = np.concatenate(self._pcm) if self._pcm else np.zeros(0, np.int16)
-            return pcm, list(self._events)
-
-
-_ENGINE: _Espeak | None = None
-
-
-def resample(x: np.ndarray, src_hz: int, dst_hz: int) -> np.ndarray:
-    """Band-limited resampling (polyphase), float32 out."""
-    from math import gcd
-
-    from scipy.signal import resample_poly
-
-    if src_hz == dst_hz:
-        return x.astype(np.float32)
-    g = gcd(src_hz, dst_hz)
-    return resample_poly(x.astype(np.float64), dst_hz // g, src_hz // g).astype(np.float32)
-
-
-def synthesize_speech(
-    text: str, voice: str = "en-us", wpm: int = 160, pitch: int = 50, lead_in_s: float = 0.0
-) -> Speech:
-    """Speak ``text`` with espeak-ng; return 16 kHz audio and each word's exact onset.
-
-    ``lead_in_s`` of silence is prepended (and added to the onsets).
-    """
-    global _ENGINE
-    if _ENGINE is None:
-        _ENGINE = _Espeak()
-    pcm, events = _ENGINE.synthesize(text, voice, wpm, pitch)
-    audio = resample(pcm.astype(np.float32) / 32768.0, _Espeak._rate_hz, SAMPLE_RATE)
-    encoded = text.encode("utf-8")
-    words = []
-    for text_pos, length, audio_ms, _sample in events:
-        raw = encoded[text_pos - 1 : text_pos - 1 + length].decode("utf-8", "ignore")
-        word = raw.strip(" \t\n.,;:!?\"'()")
-        if word:
-            words.append(TimedWord(word, audio_ms / 1000.0 + lead_in_s))
-    lead = np.zeros(int(round(lead_in_s * SAMPLE_RATE)), np.float32)
-    return Speech(np.concatenate([lead, audio]), tuple(words), text)
+__all__ = ["EspeakUnavailable", "Speech", "TimedWord", "resample", "synthesize_speech"]  # re-exported
 
 
 def add_noise(samples: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
