@@ -224,6 +224,8 @@ def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[dict[str, Any], 
     if faces is not None and not any(s.face for s in faces.samples):
         warnings.append("no face in view: AUs are zero and the controller holds level 0")
     loads = clock.run("controller", lambda: run_controller(faces.samples)) if faces else []
+    if faces is not None and not loads and any(s.face for s in faces.samples):
+        warnings.append("too short for a load estimate: the controller learns a neutral baseline first")
     attached = clock.run("align", lambda: attach_tokens(tokens, n_frames))
     first_frame = {i: item.first_frame_pts for i, item in enumerate(attached)}
     offset, evidence, confidence = clock.run("evidence", lambda: estimate_av_offset(media, faces))

@@ -23,7 +23,7 @@ def speech():
 @pytest.fixture(scope="session")
 def av_clip():
     """A talking-face clip with speech, sync markers, and no A/V offset."""
-    return testmedia.make_av_clip(text="please call me back when you have a moment", markers=(0.25, 3.5))
+    return testmedia.make_av_clip(text="please call me back when you have a moment", tail_s=1.2, markers=(0.25, 3.6))
 
 
 @pytest.fixture(scope="session")

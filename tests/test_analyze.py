@@ -58,7 +58,8 @@ def test_report_has_aus_sync_and_timings(analyzed):
     assert abs(sync["av_offset_ms"]) <= 20
     assert sync["pass_rate"] >= 0.9
     assert {"decode", "faces", "asr", "align", "level3"} <= set(report["timings_s"])
-    assert report["load"], "the controller should produce load estimates"
+    # 4 s is shorter than the controller's neutral-baseline period: no estimates, and it says so.
+    assert report["load"] or any("baseline" in w for w in report["warnings"])
     assert (out / "annotated.mp4").stat().st_size > 10_000
 
 
