@@ -349,6 +349,7 @@ class SVDReport:
 
 @dataclass(frozen=True)
 class _Job:
+    epoch: int  # the stream the job belongs to (see SVDRenderer.reset)
     clip_index: int
     first_frame: int
     n_frames: int
@@ -435,6 +436,7 @@ class SVDRenderer:
         self._load: LoadEstimate | None = None
         self._camera: tuple[np.ndarray, float] | None = None
         self._playhead = -1
+        self._epoch = 0
         self._frames_svd = self._frames_overlay = self._late = self._skipped = 0
         self._fallback = False
         self._message: str | None = None
@@ -450,9 +452,15 @@ class SVDRenderer:
         self._planned = sorted(tokens, key=lambda t: t.start)
 
     def render(self, request: RenderRequest) -> np.ndarray:
-        """Frame ``request.index``: from its generated clip when ready, else from the overlay."""
+        """Frame ``request.index``: from its generated clip when ready, else from the overlay.
+
+        An index lower than one already rendered starts a new stream (``reset``): one renderer
+        follows one frame sequence at a time.
+        """
         if self._closed:
             raise RuntimeError("SVDRenderer is closed")
+        if request.index < self._playhead:
+            self.reset()
         self._observe(request)
         if self._fallback:
             return self._from_overlay(request)
@@ -491,6 +499,23 @@ class SVDRenderer:
                 fallback=self._fallback,
                 message=self._message,
             )
+
+    def reset(self) -> None:
+        """Forget the current stream (clips, words, reference); measured RTFs and fallback stay."""
+        with self._lock:
+            self._epoch += 1
+            self._ready.clear()
+            self._scheduled.clear()
+            self._tokens.clear()
+            self._aus.clear()
+            self._load = None
+            self._camera = None
+            self._playhead = -1
+        while True:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
 
     @property
     def fallback(self) -> bool:
@@ -556,7 +581,7 @@ class SVDRenderer:
         if ref is None:
             return  # nothing to animate yet: the overlay draws these frames
         window = self._window_for(n)
-        job = _Job(n, n * self.clip_frames, self.clip_frames, ref[0], ref[1], window,
+        job = _Job(self._epoch, n, n * self.clip_frames, self.clip_frames, ref[0], ref[1], window,
                    condition_clip(window, n, self.settings))
         try:
             self._jobs.put(job, block=block, timeout=self.wait_timeout_s if block else None)
@@ -575,7 +600,7 @@ class SVDRenderer:
             job = self._jobs.get()
             if job is _STOP:
                 return
-            if self._closed or self._fallback:
+            if self._closed or self._fallback or job.epoch != self._epoch:
                 continue
             if self.realtime and job.first_frame + job.n_frames - 1 < self._playhead:
                 with self._lock:
@@ -590,13 +615,13 @@ class SVDRenderer:
                 continue
             clip = Clip(job.clip_index, job.first_frame, frames, job.window, job.conditioning,
                         job.reference_pts, time.perf_counter() - started, started)
-            self._finish(clip)
+            self._finish(clip, job.epoch)
 
-    def _finish(self, clip: Clip) -> None:
+    def _finish(self, clip: Clip, epoch: int) -> None:
         with self._lock:
             self._stats.append(ClipStat(clip.index, clip.first_frame, clip.n_frames, clip.gen_s, clip.rtf,
                                         clip.conditioning, clip.window, clip.started))
-            if not self._closed:
+            if not self._closed and epoch == self._epoch:
                 self._ready[clip.index] = clip
             self._lock.notify_all()
             recent = self._stats[-self.fallback_after:]

@@ -283,6 +283,11 @@ def test_avatar_reference_and_no_reference(tiny_pipe, tmp_path):
         frame = renderer.render(_request(0, None))
         assert renderer.last_source == "svd" and frame.shape == (64, 96, 3)
         assert renderer.report().clips[0].window.own is False
+        renderer.render(_request(3, None))
+        # A lower index starts a new stream: clip 0 is generated again, nothing of the old one is shown.
+        again = renderer.render(_request(0, None))
+        assert renderer.last_source == "svd" and again.shape == (64, 96, 3)
+        assert [c.index for c in renderer.report().clips].count(0) == 2
     finally:
         renderer.close()
     with pytest.raises(RuntimeError, match="closed"):
