@@ -57,6 +57,49 @@ def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 
 
+_LIBC: Any = None
+
+
+def release_memory() -> bool:
+    """Hand freed heap back to the OS (glibc ``malloc_trim``); False where that is not available.
+
+    Each session's threads (AU worker, aiortc codecs) allocate in glibc arenas; when the session
+    ends the memory is free but stays in the process, so RSS ratchets up session after session
+    (measured: ~8 MB per session, all of it returned by one trim). Call it off the event loop.
+    """
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if not _LIBC:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
+
+
+def freeze_warm_heap() -> None:
+    """After warm-up: hide the loaded models' objects from the cyclic collector (``gc.freeze``).
+
+    A full collection over the ~450k model objects takes ~0.4 s; frozen, it scans only what
+    sessions created since, in milliseconds, so ``reclaim`` can run after every session.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def reclaim() -> None:
+    """After a session ends: free its cyclic garbage (aiortc's peer-connection graph, codec contexts)
+    now rather than at some later full collection, then hand the freed heap back to the OS."""
+    gc.collect()
+    release_memory()
+
+
 def _fds() -> int:
     try:
         return len(os.listdir("/proc/self/fd"))
@@ -64,10 +107,16 @@ def _fds() -> int:
         return -1
 
 
-def snapshot(app: Any, collect: bool = False) -> ResourceSnapshot:
-    """Read the figures off a running app (``collect``: run the garbage collector first)."""
-    if collect:
+def snapshot(app: Any, collect: bool = False, trim: bool = False) -> ResourceSnapshot:
+    """Read the figures off a running app (``collect``: collect garbage; ``trim``: then trim the heap).
+
+    RSS without ``trim`` is what the OS sees; with it, memory the allocator merely retains is gone,
+    so a growth that survives a trim is held by live objects (a leak), one that does not is retention.
+    """
+    if collect or trim:
         gc.collect()
+    if trim:
+        release_memory()
     sessions = dict(getattr(app.state, "sessions", {}))
     warm = getattr(app.state, "warm", None)
     worker = getattr(getattr(warm, "stages", None), "asr_worker", None)
@@ -98,9 +147,10 @@ def snapshot(app: Any, collect: bool = False) -> ResourceSnapshot:
 
 
 def install_debug_route(app: Any, path: str = "/debug/resources") -> None:
-    """Add ``GET path`` (``?gc=1`` collects first) returning the snapshot as JSON; for benches only."""
+    """Add ``GET path`` (``?gc=1``, ``?trim=1``: see ``snapshot``) returning JSON; for benches only."""
     async def resources(request: Request) -> dict[str, Any]:
-        return snapshot(app, collect=request.query_params.get("gc") == "1").as_dict()
+        q = request.query_params
+        return snapshot(app, collect=q.get("gc") == "1", trim=q.get("trim") == "1").as_dict()
 
     app.add_api_route(path, resources, methods=["GET"])
 

@@ -602,6 +602,11 @@ class Session:
             log.warning("session %s: closing the peer connection: %s", self.id, exc)
         if self._au_thread is not None:
             await asyncio.to_thread(self._au_thread.join, 3.0)
+        # Free the decoded frames and evidence now: reference cycles (peer-connection callbacks ↔
+        # session) would hold them (~20 MB) until the next full garbage collection.
+        self._camera.clear()
+        self._slot = None
+        self._offset_estimator = None
         if self.stages.lst is not None:
             with contextlib.suppress(Exception):
                 self.stages.lst.remove(self.id)

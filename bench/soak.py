@@ -120,9 +120,10 @@ class ServerProcess:
         os.unlink(self.port_file)
 
 
-async def resources(base: str, collect: bool = False) -> dict[str, Any]:
+async def resources(base: str, collect: bool = False, trim: bool = False) -> dict[str, Any]:
+    params = {"gc": "1" if collect else "0", "trim": "1" if trim else "0"}
     async with httpx.AsyncClient(base_url=base, timeout=10.0) as c:
-        return (await c.get("/debug/resources", params={"gc": "1"} if collect else None)).json()
+        return (await c.get("/debug/resources", params=params)).json()
 
 
 async def metrics(base: str) -> dict[str, float]:
@@ -151,7 +152,9 @@ async def settled(base: str, baseline: dict[str, Any] | None = None, timeout: fl
             done = done and r["threads"] <= baseline["threads"] and r["tasks"] <= baseline["tasks"]
         if done or time.monotonic() > deadline:
             await asyncio.sleep(0.5)
-            return await resources(base, collect=True)
+            r = await resources(base, collect=True)
+            r["rss_trimmed_mb"] = (await resources(base, trim=True))["rss_mb"]
+            return r
         await asyncio.sleep(0.2)
 
 
@@ -218,6 +221,7 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str,
                   f"tasks {r['tasks']}, {time.monotonic() - t0:.0f} s", flush=True)
     after = await settled(base, before)
     growth = after["rss_mb"] - before["rss_mb"]
+    held = after["rss_trimmed_mb"] - before["rss_trimmed_mb"]
     leaks = {k: after[k] - before[k] for k in ("tasks", "fds", "sessions", "asr_streams")}
     leaks["threads"] = _own_threads(after) - _own_threads(before)
     new_threads = sorted(set(after["thread_names"]) - set(before["thread_names"]))
@@ -225,6 +229,7 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str,
     times.sort()
     return {"ok": ok, "cycles": n, "parallel": parallel, "failures": failures[:10], "n_failures": len(failures),
             "rss_before_mb": before["rss_mb"], "rss_after_mb": after["rss_mb"], "rss_growth_mb": round(growth, 2),
+            "rss_growth_after_trim_mb": round(held, 2),
             "leaked": leaks, "new_threads": new_threads,
             "cycle_s_p50": round(times[len(times) // 2], 2) if times else None,
             "wall_s": round(time.monotonic() - t0, 1)}
@@ -376,7 +381,8 @@ def report(out: dict[str, Any], command: str) -> bool:
         c = out["cycles"]
         print(f"cycles  {verdict(c['ok'])}: {c['cycles']} cycles ({c['parallel']} at a time, {c['wall_s']} s, "
               f"p50 {c['cycle_s_p50']} s/cycle), server RSS {c['rss_before_mb']} → {c['rss_after_mb']} MB "
-              f"(growth {c['rss_growth_mb']} MB, target ≤ {RSS_GROWTH_MB}); leaked {c['leaked']}; "
+              f"(growth {c['rss_growth_mb']} MB, target ≤ {RSS_GROWTH_MB}; after a heap trim "
+              f"{c['rss_growth_after_trim_mb']} MB); leaked {c['leaked']}; "
               f"failed cycles {c['n_failures']} {c['failures'][:2]}")
         ok &= c["ok"]
     if "vanish" in out:
