@@ -198,7 +198,7 @@ def load_svd_pipeline(
             source, dtype=dtype, variant=variant, local_files_only=True
         )
     except (OSError, ValueError) as exc:
-        where = "that directory" if looks_local else "the local Hugging Face cache"
+        where = "that directory" if looks_local else "a local directory or the local Hugging Face cache"
         raise RendererUnavailable(
             f"SVD weights {model!r} could not be loaded from {where} (downloads are disabled at run "
             f"time; save the pipeline to a directory and pass --svd-model PATH): {exc}"
@@ -454,12 +454,12 @@ class SVDRenderer:
     def render(self, request: RenderRequest) -> np.ndarray:
         """Frame ``request.index``: from its generated clip when ready, else from the overlay.
 
-        An index lower than one already rendered starts a new stream (``reset``): one renderer
-        follows one frame sequence at a time.
+        An index lower than one already rendered, or frame 0 again, starts a new stream (``reset``):
+        one renderer follows one frame sequence at a time (a warm-up render is not a session).
         """
         if self._closed:
             raise RuntimeError("SVDRenderer is closed")
-        if request.index < self._playhead:
+        if request.index < self._playhead or (request.index == 0 and self._playhead >= 0):
             self.reset()
         self._observe(request)
         if self._fallback:

@@ -288,6 +288,7 @@ def test_avatar_reference_and_no_reference(tiny_pipe, tmp_path):
         again = renderer.render(_request(0, None))
         assert renderer.last_source == "svd" and again.shape == (64, 96, 3)
         assert [c.index for c in renderer.report().clips].count(0) == 2
+        assert renderer.report().frames_svd == 3
     finally:
         renderer.close()
     with pytest.raises(RuntimeError, match="closed"):
