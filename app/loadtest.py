@@ -729,6 +729,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--find-max", action="store_true", help="ramp peers until a bound breaks; report the most "
                    "sustained")
     p.add_argument("--step", type=int, default=2, help="peers added per ramp round")
+    p.add_argument("--keep-going", action="store_true", help="--find-max: ramp on to --max-peers after a "
+                   "bound breaks (the whole curve; peers_sustained still stops at the first break)")
     p.add_argument("--max-peers", type=int, default=16, help="stop the ramp here")
     p.add_argument("--max-sessions", type=int, default=0, help="--spawn-server: session limit (default: enough)")
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for the spawned server")
@@ -841,6 +843,7 @@ def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, n
                   rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """One netem scenario: a round or a ramp; appends its rounds to ``rounds``, returns its verdict."""
     sustained = 0
+    broken = False
     n = args.peers
     mine: list[dict[str, Any]] = []
     while len(rounds) < MAX_ROUNDS:
@@ -859,18 +862,23 @@ def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, n
         print(f"  p95 word->token {agg['latency_ms_p95']} ms, Level-3 pass {agg['level3_pass_rate']}, "
               f"recall {agg['recall']}, connected {agg['connected']}/{agg['peers']}: "
               f"{'PASS' if agg['bounds']['ok'] else 'FAIL'}", flush=True)
-        if not args.find_max or not agg["bounds"]["ok"]:
+        if not args.find_max or (not agg["bounds"]["ok"] and not args.keep_going):
             break
-        sustained = n
+        broken = broken or not agg["bounds"]["ok"]
+        if not broken:
+            sustained = n  # this round and every smaller one held
         if n >= args.max_peers:
             break
         n = min(n + args.step, args.max_peers)
         time.sleep(2.0)  # let the server tear the previous sessions down
     if args.find_max:
-        last = mine[-1]
+        broke = next((r for r in mine if not r["aggregate"]["bounds"]["ok"]), None)
         return {"ok": sustained > 0, "netem": netem, "peers_sustained": sustained,
-                "bound_broke_at": None if last["aggregate"]["bounds"]["ok"] else last["n_peers"],
-                "failed_checks": [k for k, v in last["aggregate"]["bounds"]["checks"].items() if not v]}
+                "bound_broke_at": None if broke is None else broke["n_peers"],
+                "failed_checks": [] if broke is None else
+                [k for k, v in broke["aggregate"]["bounds"]["checks"].items() if not v],
+                "curve": [[r["n_peers"], r["aggregate"]["latency_ms_p95"], r["aggregate"]["level3_pass_rate"],
+                           r["aggregate"]["connected"]] for r in mine]}
     agg = mine[0]["aggregate"]
     ok = agg["bounds"]["ok"] if not args.offset_peers else (
         agg["offset_peers_flagged"] == agg["offset_peers"] and agg["clean_peers_flagged"] == 0)

@@ -190,6 +190,15 @@ def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):
     assert report["result"]["failed_checks"] == ["p95 word->token <= 1000 ms"]
     html = loadreport.render_html(report)
     assert html.count("<h2>Round") == 4
+    # --keep-going draws the whole curve; what is sustained still stops at the first break.
+    seen.clear()
+    args = loadtest.build_parser().parse_args(["--url", "http://127.0.0.1:1/whip", "--find-max", "--peers", "2",
+                                               "--step", "3", "--max-peers", "9", "--keep-going"])
+    loadtest._validate(args)
+    result = loadtest.run_plan(args, cfg, None)["result"]
+    assert seen == [2, 5, 8, 9]
+    assert result["peers_sustained"] == 5 and result["bound_broke_at"] == 8
+    assert [c[0] for c in result["curve"]] == [2, 5, 8, 9]
 
 
 def test_pre_encoded_vp8_loop_decodes_with_the_flash(loop_clip):
