@@ -206,7 +206,7 @@ class Hysteresis:
     margin: float = 0.35  # new level's smoothed prob must beat the current one's by this much
     confirm_s: float = 0.10  # ... continuously for this long (jumps of >= 2 levels)
     confirm_adjacent_s: float = 1.0  # ... or this long (a step to the next level)
-    min_dwell_s: float = 1.0  # and the current level must have lasted this long
+    min_dwell_s: float = 2.0  # and the current level must have lasted this long (≤ 1 change per 2 s)
 
 
 class LevelTracker:

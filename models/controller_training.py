@@ -541,9 +541,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Train the shipped weights on the synthetic generator (documented in the model card)."""
     ap = argparse.ArgumentParser(description="train the load controller on synthetic AU sessions")
     ap.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS)
-    ap.add_argument("--persons", type=int, default=140)
+    ap.add_argument("--persons", type=int, default=240)
     ap.add_argument("--val-persons", type=int, default=40)
-    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
