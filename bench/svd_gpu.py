@@ -142,8 +142,10 @@ def build_pipeline(unet_cfg: dict, vae_cfg: dict, enc_cfg: dict, device: str, dt
         unet = UNetSpatioTemporalConditionModel(**unet_cfg)
         vae = AutoencoderKLTemporalDecoder(**vae_cfg)
         encoder = CLIPVisionModelWithProjection(CLIPVisionConfig(**enc_cfg))
-    if dtype != torch.float32:
-        unet, vae, encoder = unet.to(dtype), vae.to(dtype), encoder.to(dtype)
+    # .to(device) as well: the temporal mix factors are made with torch.Tensor([...]), which ignores the
+    # default device, so they would stay on the CPU.
+    unet, vae, encoder = (m.to(device) if dtype == torch.float32 else m.to(device=device, dtype=dtype)
+                          for m in (unet, vae, encoder))
     pipe = StableVideoDiffusionPipeline(
         vae=vae, image_encoder=encoder, unet=unet, scheduler=EulerDiscreteScheduler(**SVD_XT_SCHEDULER),
         feature_extractor=CLIPImageProcessor(**SVD_XT_FEATURE_EXTRACTOR),
