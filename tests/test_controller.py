@@ -127,6 +127,8 @@ def test_train_controller_command_round_trip(tmp_path):
         (",".join(ct.CSV_COLUMNS) + "\ns,0.0," + ",".join(["0.1"] * 12) + ",1,5\n", "label must be"),
         (",".join(ct.CSV_COLUMNS) + "\n", "no data rows"),
         (",".join(ct.CSV_COLUMNS) + "\ns,0.0," + ",".join(["0.1"] * 12) + ",1,\n", "no labelled rows"),
+        (",".join(ct.CSV_COLUMNS) + "\ns,0.0," + ",".join(["0.1"] * 12) + ",1,1\n", "at least 2 sessions"),
+        (",".join(ct.CSV_COLUMNS) + "\ns,0.0," + ",".join(["0.1"] * 11) + "\n", "expected 16 fields"),
     ],
 )
 def test_bad_csv_is_a_clear_error(tmp_path, content, message):
