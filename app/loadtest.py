@@ -644,6 +644,10 @@ class SpawnedServer:
             time.sleep(0.5)
         raise TimeoutError(f"server not ready within {timeout_s:.0f} s ({last}); log: {self.log_path}")
 
+    def exit_code(self) -> int | None:
+        """None while the server runs; its exit code once it has ended (negative: killed by a signal)."""
+        return self.proc.poll()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -812,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
                           seed=args.seed, token=args.token, max_duration_s=args.max_duration,
                           min_sync_checks=args.min_sync_checks, pre_encode=args.pre_encode,
                           min_recall=args.min_recall)
-        report = run_plan(args, cfg, pid)
+        report = run_plan(args, cfg, pid, server)
     finally:
         if server is not None:
             server.stop()
@@ -824,12 +828,15 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK if report["result"]["ok"] else EXIT_BOUND
 
 
-def run_plan(args: argparse.Namespace, cfg: RoundConfig, pid: int | None) -> dict[str, Any]:
+def run_plan(args: argparse.Namespace, cfg: RoundConfig, pid: int | None,
+             server: SpawnedServer | None = None) -> dict[str, Any]:
     """For each ``--netem`` scenario: one round, or a ramp (``--find-max``); at most ``MAX_ROUNDS`` in all."""
     rounds: list[dict[str, Any]] = []
     results = {}
     for netem in args.netem:
-        results[netem] = _run_scenario(args, cfg, pid, netem, rounds)
+        results[netem] = _run_scenario(args, cfg, pid, netem, rounds, server)
+        if server is not None and server.exit_code() is not None:
+            break  # nothing left to measure
     result = next(iter(results.values())) if len(results) == 1 else {
         "ok": all(r["ok"] for r in results.values()), "scenarios": results}
     return {"config": {**asdict(cfg), "peers": args.peers, "workers": args.workers, "netem": args.netem,
@@ -840,7 +847,7 @@ def run_plan(args: argparse.Namespace, cfg: RoundConfig, pid: int | None) -> dic
 
 
 def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, netem: str,
-                  rounds: list[dict[str, Any]]) -> dict[str, Any]:
+                  rounds: list[dict[str, Any]], server: SpawnedServer | None = None) -> dict[str, Any]:
     """One netem scenario: a round or a ramp; appends its rounds to ``rounds``, returns its verdict."""
     sustained = 0
     broken = False
@@ -862,7 +869,13 @@ def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, n
         print(f"  p95 word->token {agg['latency_ms_p95']} ms, Level-3 pass {agg['level3_pass_rate']}, "
               f"recall {agg['recall']}, connected {agg['connected']}/{agg['peers']}: "
               f"{'PASS' if agg['bounds']['ok'] else 'FAIL'}", flush=True)
-        if not args.find_max or (not agg["bounds"]["ok"] and not args.keep_going):
+        died = server.exit_code() if server is not None else None
+        if died is not None:
+            rnd["server_exit_code"] = died
+            rnd["errors"].append(f"the spawned server exited with code {died} during this round "
+                                 f"(negative: killed by signal {-died}); see {server.log_path}")
+            print(f"  the server exited with code {died}: stopping (log: {server.log_path})", flush=True)
+        if not args.find_max or died is not None or (not agg["bounds"]["ok"] and not args.keep_going):
             break
         broken = broken or not agg["bounds"]["ok"]
         if not broken:
@@ -871,9 +884,11 @@ def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, n
             break
         n = min(n + args.step, args.max_peers)
         time.sleep(2.0)  # let the server tear the previous sessions down
+    exits = [r["server_exit_code"] for r in mine if "server_exit_code" in r]
     if args.find_max:
         broke = next((r for r in mine if not r["aggregate"]["bounds"]["ok"]), None)
         return {"ok": sustained > 0, "netem": netem, "peers_sustained": sustained,
+                **({"server_exit_code": exits[0]} if exits else {}),
                 "bound_broke_at": None if broke is None else broke["n_peers"],
                 "failed_checks": [] if broke is None else
                 [k for k, v in broke["aggregate"]["bounds"]["checks"].items() if not v],
@@ -882,7 +897,8 @@ def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, n
     agg = mine[0]["aggregate"]
     ok = agg["bounds"]["ok"] if not args.offset_peers else (
         agg["offset_peers_flagged"] == agg["offset_peers"] and agg["clean_peers_flagged"] == 0)
-    result = {"ok": ok, "netem": netem, "bounds": agg["bounds"]}
+    result = {"ok": ok and not exits, "netem": netem, "bounds": agg["bounds"],
+              **({"server_exit_code": exits[0]} if exits else {})}
     if args.offset_peers:
         result["detection"] = {"offset_ms": args.offset_ms, "flagged": agg["offset_peers_flagged"],
                                "of": agg["offset_peers"], "clean_flagged": agg["clean_peers_flagged"]}
