@@ -300,15 +300,17 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         finally:
             finish_warmup()
 
+    # Warm-up starts now, so model loading overlaps building the page (Gradio) and server start-up.
+    if stages is not None:
+        state.stages = stages
+        finish_warmup()
+    elif config.warmup:
+        threading.Thread(target=warm_thread, name="warm-up", daemon=True).start()
+    else:
+        finish_warmup()
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if stages is not None:
-            state.stages = stages
-            finish_warmup()
-        elif config.warmup:
-            threading.Thread(target=warm_thread, name="warm-up", daemon=True).start()
-        else:
-            finish_warmup()
         yield
         await asyncio.gather(*(s.close("server shutdown") for s in list(sessions.values())),
                              return_exceptions=True)

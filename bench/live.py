@@ -41,6 +41,7 @@ AU_P95_MS = 100.0
 AU_RATE = 15.0
 WORD_P50_MS = 400.0
 FIRST_VS_LATER = 1.2
+CLIP_MARKER_END = 6.0  # the second sync marker: in the tail, after the last word
 
 
 def _free_port() -> int:
@@ -106,8 +107,8 @@ async def main() -> int:
     port = args.port or _free_port()
     base = f"http://127.0.0.1:{port}"
     clip = testmedia.make_av_clip(
-        "the quick brown fox jumps over the lazy dog and then it runs back home to sleep",
-        markers=(0.25, 6.1), tail_s=1.0)
+        "please call me back when you have a moment and send the report to my office before noon",
+        markers=(0.25, CLIP_MARKER_END), tail_s=1.0)
     delay = "" if args.output_delay is None else f", output_delay_s={args.output_delay}"
     code = (
         "import logging, sys; from app.server import ServerConfig, serve; "

@@ -21,7 +21,6 @@ from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixtu
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-EXPECTED = {"quick", "brown", "fox", "jumps", "over", "lazy", "dog"}
 
 
 def write_y4m(path: Path, frames: list[np.ndarray], fps: int) -> Path:
@@ -48,10 +47,11 @@ def fake_media(tmp_path_factory, av_clip):
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed (make system)")
-async def test_page_shows_words_aus_and_returned_video(live_stages, fake_media, tmp_path):  # noqa: F811
+async def test_page_shows_words_aus_and_returned_video(live_stages, fake_media, av_clip, tmp_path):  # noqa: F811
     from playwright.async_api import async_playwright
 
     y4m, wav = fake_media
+    expected = {"".join(ch for ch in w.text.lower() if ch.isalpha()) for w in av_clip.words if len(w.text) > 2}
     app = create_app(ServerConfig(output_delay_s=0.9), stages=live_stages)
     args = [
         "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
@@ -82,7 +82,7 @@ async def test_page_shows_words_aus_and_returned_video(live_stages, fake_media, 
                         .map(e => norm(e.dataset.text)));
                     return expected.filter(w => heard.has(w)).length >= 2;
                 }""",
-                arg=sorted(EXPECTED), timeout=120_000,
+                arg=sorted(expected), timeout=120_000,
             )
             await page.wait_for_function(
                 "(() => { const v = document.getElementById('sy-remote');"
@@ -92,7 +92,7 @@ async def test_page_shows_words_aus_and_returned_video(live_stages, fake_media, 
             finals = page.locator("#sy-transcript .sy-final")
             words = [await finals.nth(i).get_attribute("data-text") for i in range(await finals.count())]
             heard = {"".join(ch for ch in w.lower() if ch.isalpha()) for w in words}
-            assert len(heard & EXPECTED) >= 2, (words, logs[-5:])
+            assert len(heard & expected) >= 2, (words, logs[-5:])
             times = await page.locator("#sy-transcript .sy-final sub").all_inner_texts()
             assert all("–" in t for t in times)  # each word shows its start–end
             remote = await page.evaluate(
