@@ -155,6 +155,11 @@ def install_debug_route(app: Any, path: str = "/debug/resources") -> None:
     app.add_api_route(path, resources, methods=["GET"])
 
 
+def own_threads(snap: ResourceSnapshot) -> int:
+    """Threads other than asyncio's default executor (a pool that grows lazily to a fixed size)."""
+    return sum(1 for n in snap.thread_names if not n.startswith("asyncio_"))
+
+
 async def settle(app: Any, timeout: float = 15.0, baseline: ResourceSnapshot | None = None) -> ResourceSnapshot:
     """Wait until no session and no ASR stream is left (and, given a baseline, threads are back)."""
     deadline = time.monotonic() + timeout
@@ -162,7 +167,7 @@ async def settle(app: Any, timeout: float = 15.0, baseline: ResourceSnapshot | N
         snap = snapshot(app)
         done = snap.sessions == 0 and snap.asr_streams == 0
         if baseline is not None:
-            done = done and snap.threads <= baseline.threads and snap.tasks <= baseline.tasks
+            done = done and own_threads(snap) <= own_threads(baseline) and snap.tasks <= baseline.tasks
         if done or time.monotonic() > deadline:
             return snapshot(app, collect=True)
         await asyncio.sleep(0.1)

@@ -25,7 +25,7 @@ from app.server import ServerConfig, create_app, running_server
 
 TOKEN = "fuzz-token"
 ALLOWED = {200, 201, 204, 400, 401, 403, 404, 405, 413, 415, 422, 503}
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                 database=None)
 
 

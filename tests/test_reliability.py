@@ -1,0 +1,224 @@
+"""Reliability of the live server, fast versions of bench/soak.py's figures (real models, real aiortc).
+
+* a peer that vanishes (its sockets close: no DELETE, no DTLS close, no consent answers) is reaped
+  within the media timeout, and its AU thread, ASR stream, tasks and threads are gone;
+* connect/disconnect cycles leave no session, stream, task or thread behind;
+* a peer sending absurdly large camera frames degrades only its own session, with a logged reason,
+  while another session keeps producing face AUs;
+* a lossy, jittery link (5 % loss) keeps the session up with every queue within its bound;
+* offers the server cannot negotiate are 400s that leave nothing behind; foreign origins are 403.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import httpx
+import numpy as np
+
+from app.peer import WhipPeer
+from app.reliability import ResourceSnapshot, own_threads, settle, snapshot
+from app.server import ServerConfig, create_app, running_server
+from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
+
+
+def _vanish(peer: WhipPeer) -> int:
+    """Make ``peer`` disappear from the network: close its UDP sockets, say nothing. Returns sockets closed."""
+    conns = {id(t.sender.transport.transport._connection): t.sender.transport.transport._connection
+             for t in peer.pc.getTransceivers() if t.sender.transport is not None}
+    if peer.pc.sctp is not None:
+        conn = peer.pc.sctp.transport.transport._connection
+        conns[id(conn)] = conn
+    closed = 0
+    for conn in conns.values():
+        for protocol in list(conn._protocols):
+            protocol.transport.close()
+            closed += 1
+    return closed
+
+
+async def _metric(base: str, name: str) -> str:
+    async with httpx.AsyncClient(base_url=base) as c:
+        return next((ln for ln in (await c.get("/metrics")).text.splitlines() if ln.startswith(name)), "")
+
+
+async def test_vanished_peer_is_reaped_and_frees_its_resources(live_stages, av_clip):  # noqa: F811
+    app = create_app(ServerConfig(ui=False, media_timeout_s=2.0), stages=live_stages)
+    async with running_server(app) as base:
+        before = await settle(app)
+        peer = WhipPeer(f"{base}/whip", av_clip, loop=True)
+        await peer.connect()
+        session = app.state.sessions[peer.session_id]
+        await peer.wait_for("au", timeout=30)
+        await peer.wait_frames(3, timeout=30)
+        during = snapshot(app)
+        assert during.sessions == 1 and during.asr_streams == 1 and session.threads_alive()
+        assert f"au-{session.id}" in during.thread_names
+        assert _vanish(peer) >= 1
+        t0 = time.monotonic()
+        while peer.session_id in app.state.sessions and time.monotonic() - t0 < 15:
+            await asyncio.sleep(0.05)
+        reaped_s = time.monotonic() - t0
+        after = await settle(app)
+        print(f"reaped {reaped_s:.2f} s after the peer vanished ({session.end_reason}); "
+              f"during {during.threads} threads/{during.tasks} tasks, after {after.threads}/{after.tasks}")
+        assert peer.session_id not in app.state.sessions
+        assert reaped_s <= 2.0 + 3.0, reaped_s
+        assert session.end_reason in ("media timeout", "connection failed", "connection closed")
+        assert not session.threads_alive() and not session._tasks
+        assert after.asr_streams == 0 and f"au-{session.id}" not in after.thread_names
+        assert "synchrony_sessions 0.0" in await _metric(base, "synchrony_sessions ")
+        await peer.close(delete=False)
+        final = await settle(app, baseline=before)
+        assert final.tasks <= before.tasks and own_threads(final) <= own_threads(before), (before, final)
+
+
+async def test_connect_disconnect_cycles_leave_nothing_behind(live_stages, av_clip):  # noqa: F811
+    app = create_app(ServerConfig(ui=False, max_sessions=2), stages=live_stages)
+
+    async def cycle() -> None:
+        peer = WhipPeer(f"{base}/whip", av_clip, loop=True)
+        await peer.connect()
+        await peer.wait_for("hello", timeout=20)
+        await peer.wait_frames(2, timeout=30)
+        assert await peer.close() == 200
+
+    async with running_server(app) as base:
+        await asyncio.gather(cycle(), cycle())  # warm: codecs, graphs, executor threads
+        before = await settle(app)
+        for _ in range(2):
+            await asyncio.gather(cycle(), cycle())
+        after = await settle(app, baseline=before)
+        print(f"4 cycles: RSS {before.rss_mb:.1f} → {after.rss_mb:.1f} MB (test process, peers included); "
+              f"tasks {before.tasks} → {after.tasks}, threads {before.threads} → {after.threads}")
+        assert after.sessions == 0 and after.asr_streams == 0 and after.camera_frames == 0
+        assert after.tasks <= before.tasks
+        assert own_threads(after) <= own_threads(before), sorted(set(after.thread_names) - set(before.thread_names))
+        ended = await _metric(base, 'synchrony_sessions_ended_total{reason="client DELETE"}')
+        assert ended.endswith(" 6.0"), ended
+
+
+def _big_frames() -> list[np.ndarray]:
+    """2048×1152 (2.4 MP, over the 1080p limit), smooth so the peer's VP8 encoder stays cheap."""
+    h, w = 1152, 2048
+    ramp = np.linspace(0, 255, w, dtype=np.float32)[None, :, None]
+    return [np.broadcast_to(ramp + 20 * k, (h, w, 3)).clip(0, 255).astype(np.uint8) for k in range(2)]
+
+
+async def test_absurd_frame_size_degrades_only_that_session(live_stages, av_clip, caplog):  # noqa: F811
+    from dataclasses import replace
+
+    stages = replace(live_stages, asr_worker=None)  # AU path only: keeps the test fast
+    app = create_app(ServerConfig(ui=False), stages=stages)
+    async with running_server(app) as base:
+        good = WhipPeer(f"{base}/whip", av_clip, loop=True)
+        bad = WhipPeer(f"{base}/whip", frames=_big_frames(), fps=5, audio=av_clip.audio, loop=True)
+        with caplog.at_level(logging.ERROR, logger="synchrony.session"):
+            await good.connect()
+            await bad.connect()
+            err = await bad.wait_for("error", timeout=40)
+        assert err["stage"] == "video" and "2048x1152" in err["message"] and err["fatal"] is False
+        assert any(bad.session_id in r.getMessage() and "2048x1152" in r.getMessage() for r in caplog.records)
+        # The faulty session lives on, degraded; the other one keeps seeing the face.
+        n_au = len(good.of_type("au"))
+        try:
+            await good.wait_for("au", lambda m: m["face"] and len(good.of_type("au")) > n_au + 5, timeout=30)
+        finally:
+            aus = good.of_type("au")
+            print(f"good session: {n_au} AU events before, {len(aus)} after, faces {sum(m['face'] for m in aus)}; "
+                  f"bad: {len(bad.of_type('au'))} AU events, errors {bad.of_type('error')}")
+        assert not good.of_type("error")
+        assert bad.session_id in app.state.sessions and good.session_id in app.state.sessions
+        assert app.state.sessions[bad.session_id].degraded.keys() == {"video"}
+        assert app.state.sessions[good.session_id].degraded == {}
+        assert snapshot(app).camera_frames <= 64  # none of the big frames were kept
+        assert (await _metric(base, 'synchrony_drops_total{stage="video_oversized"}')).split()[-1] != "0.0"
+        await good.close()
+        await bad.close()
+
+
+async def test_lossy_jittery_link_keeps_the_session_bounded(live_stages, av_clip):  # noqa: F811
+    from app.netem import NetemLink, parse_profile
+
+    app = create_app(ServerConfig(ui=False), stages=live_stages)
+    async with running_server(app) as base:
+        peer = WhipPeer(f"{base}/whip", av_clip, loop=True, keep_frames=1)
+        link = NetemLink(parse_profile("loss=5%,delay=40ms,jitter=20ms"), seed=7)
+        peer.pc.on("icegatheringstatechange", lambda: link.attach_pc(peer.pc))
+        await peer.connect(timeout=30)
+        samples: list[ResourceSnapshot] = []
+        events: list[int] = []
+        for _ in range(8):
+            await asyncio.sleep(1.5)
+            samples.append(snapshot(app))
+            events.append(len(peer.events))
+        stats = link.stats()
+        await peer.wait_for("token", lambda m: m["final"], timeout=30)
+        print(f"loss up {stats['up']['loss_rate']:.3f} down {stats['down']['loss_rate']:.3f}; RSS "
+              f"{samples[0].rss_mb:.0f} → {samples[-1].rss_mb:.0f} MB; ASR queue max "
+              f"{max(s.asr_queued_s for s in samples):.2f} s; tasks {[s.tasks for s in samples]}")
+        assert stats["up"]["dropped"] > 0 and stats["down"]["dropped"] > 0  # the link really lost packets
+        assert peer.pc.connectionState == "connected" and all(s.sessions == 1 for s in samples)
+        assert events == sorted(events) and events[-1] > events[len(events) // 2]  # still flowing
+        assert max(s.asr_queued_s for s in samples) <= 5.1 and max(s.camera_frames for s in samples) <= 64
+        assert max(s.tokens_held for s in samples) <= 400 and max(s.channel_buffered for s in samples) <= 1 << 20
+        assert max(s.tasks for s in samples[4:]) <= max(s.tasks for s in samples[:4]) + 2
+        assert not app.state.sessions[peer.session_id].degraded
+        await peer.close()
+
+
+async def _offer() -> str:
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    pc.createDataChannel("events")
+    pc.addTransceiver("audio", direction="sendrecv")
+    pc.addTransceiver("video", direction="sendrecv")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+async def test_unnegotiable_offers_are_400_and_leave_nothing_behind():
+    import re
+
+    sdp = await _offer()
+    app = create_app(ServerConfig(ui=False, stages=()))
+    async with running_server(app) as base, httpx.AsyncClient(base_url=base) as c:
+        before = await settle(app)
+        h = {"Content-Type": "application/sdp"}
+        no_video_codec = re.sub(r"a=rtpmap:(\d+) (VP8|H264|rtx)/90000", r"a=rtpmap:\1 AV1X/90000", sdp)
+        resp = await c.post("/whip", content=no_video_codec, headers=h)
+        assert resp.status_code == 400 and "no codec this server decodes" in resp.text and "vp8" in resp.text
+        for bad in (sdp + sdp[sdp.index("m=audio"):],  # a duplicated media section
+                    sdp.replace("a=group:BUNDLE", "a=group:BUNDLE x y z"),  # BUNDLE names missing mids
+                    sdp.replace("a=mid:0", "a=mid:5")):  # mids no longer match BUNDLE
+            resp = await c.post("/whip", content=bad, headers=h)
+            assert resp.status_code == 400 and resp.text.startswith("cannot use this SDP offer"), resp.text
+            assert "Traceback" not in resp.text
+        after = await settle(app, baseline=before)
+        assert after.sessions == 0 and after.tasks <= before.tasks and own_threads(after) <= own_threads(before)
+        assert 'synchrony_whip_rejected_total{status="400"} 4.0' in (await c.get("/metrics")).text
+
+
+async def test_origin_check():
+    """Same origin, listed origins and clients without Origin pass; any other page is refused."""
+    sdp = await _offer()
+    app = create_app(ServerConfig(ui=False, stages=(), allowed_origins=("https://app.example",)))
+    async with running_server(app) as base, httpx.AsyncClient(base_url=base) as c:
+        for origin, status in ((None, 201), ("https://app.example", 201), (base, 201),
+                               ("https://evil.example", 403), ("null", 403), (base.replace("127.0.0.1", "x"), 403)):
+            headers = {"Content-Type": "application/sdp"}
+            if origin is not None:
+                headers["Origin"] = origin
+            resp = await c.post("/whip", content=sdp, headers=headers)
+            assert resp.status_code == status, (origin, resp.text)
+            if status == 403:
+                assert "not allowed" in resp.text
+                continue
+            foreign = await c.delete(resp.headers["Location"], headers={"Origin": "https://evil.example"})
+            assert foreign.status_code == 403
+            assert (await c.delete(resp.headers["Location"], headers=headers)).status_code == 200
