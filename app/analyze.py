@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from alignment.frames import FPS, attach_tokens, frame_count, frame_pts, tokens_
 from alignment.types import AU_NAMES, AUSample, LoadEstimate, SyncCheck, VideoFrame, WordToken
 from app.media_io import DecodedMedia, decode_media, write_annotated
 from app.progress import Progress
+
+if TYPE_CHECKING:
+    from models.video import FrameRenderer
 
 T = TypeVar("T")
 
@@ -40,6 +43,9 @@ class AnalyzeOptions:
     write_video: bool = True
     progress: bool | None = None  # None: only on a terminal
     record_au_csv: bool = False
+    video_backend: str = "overlay"  # or "svd" (needs --svd-model; slow without a GPU)
+    svd_model: str | None = None
+    svd_options: dict[str, Any] = field(default_factory=dict)  # SVDRenderer keywords (gen_size, steps, ...)
 
 
 @dataclass
@@ -135,15 +141,15 @@ def render_frames(
     faces: FaceTrack | None,
     loads: list[LoadEstimate],
     sync_by_token: dict[int, bool],
+    renderer: FrameRenderer,
     progress: Progress | None = None,
 ) -> Iterator[np.ndarray]:
     """Output frames at 16 fps: the latest camera frame with captions, AU bars, load and sync badges."""
-    from models.video import RenderRequest, create_renderer
+    from models.video import RenderRequest
 
     attached = attach_tokens(tokens, n_frames)
     by_frame = tokens_by_frame(attached)
     first_of = {id(item.token): item.frames[0] for item in attached if item.frames}
-    renderer = create_renderer("overlay")
     src = 0
     load_i = -1
     try:
@@ -178,6 +184,15 @@ def render_frames(
         renderer.close()
 
 
+def make_renderer(options: AnalyzeOptions) -> FrameRenderer:
+    """The output-frame source: the overlay, or SVD generating offline (never falls behind playout)."""
+    from models.video import create_renderer
+
+    if options.video_backend != "svd":
+        return create_renderer("overlay")
+    return create_renderer("svd", model=options.svd_model, realtime=False, **options.svd_options)
+
+
 def _current_utterance(shown: list[WordToken]) -> list[WordToken]:
     if not shown:
         return []
@@ -193,6 +208,7 @@ def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[dict[str, Any], 
     clock = StageClock()
     t_start = time.perf_counter()
     media = clock.run("decode", lambda: decode_media(path))
+    renderer = make_renderer(options) if options.write_video else None  # fail fast on a bad --svd-model
     warnings: list[str] = []
     if not media.has_audio:
         warnings.append("no audio stream: no words, no Level-3 checks")
@@ -232,16 +248,23 @@ def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[dict[str, Any], 
     checks = clock.run("level3", lambda: level3(tokens, first_frame, offset, evidence))
 
     options.out_dir.mkdir(parents=True, exist_ok=True)
-    if options.write_video and n_frames:
+    renderer_report: dict[str, Any] = {"backend": "overlay"}
+    if renderer is not None and n_frames:
         render_progress = Progress("render", n_frames, options.progress)
         sync_by_token = {i: c.ok for i, c in enumerate(checks)}
-        frames = render_frames(media, n_frames, tokens, faces, loads, sync_by_token, render_progress)
+        if hasattr(renderer, "plan"):
+            renderer.plan(tokens)  # SVD: each clip is conditioned on its own words' window
+        frames = render_frames(media, n_frames, tokens, faces, loads, sync_by_token, renderer, render_progress)
         clock.run(
             "render+encode",
             lambda: write_annotated(options.out_dir / "annotated.mp4", frames, FPS,
                                     media.audio if media.has_audio else None, media.audio_pts),
         )
         render_progress.close()
+        if hasattr(renderer, "report"):
+            renderer_report = renderer.report().as_dict()
+    elif renderer is not None:
+        renderer.close()
     if options.record_au_csv and faces:
         from models.controller_training import AUSessionRecorder
 
@@ -253,6 +276,7 @@ def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[dict[str, Any], 
     wall = time.perf_counter() - t_start
     report = build_report(media, tokens, attached, faces, loads, checks, offset, evidence, confidence,
                           clock, wall, n_frames, warnings)
+    report["renderer"] = renderer_report
     (options.out_dir / "report.json").write_text(json.dumps(report, indent=1))
     partial = not (media.has_audio and media.has_video)
     return report, EXIT_PARTIAL if partial else EXIT_OK

@@ -20,16 +20,19 @@ log = logging.getLogger("synchrony")
 def _analyze(args: argparse.Namespace) -> int:
     from app.analyze import AnalyzeOptions, analyze, summary
     from app.media_io import MediaError
+    from models.video import RendererUnavailable
 
     options = AnalyzeOptions(
         out_dir=Path(args.out),
         whisper_path=args.whisper,
         write_video=not args.no_video,
         record_au_csv=args.record_au,
+        video_backend=args.video_backend,
+        svd_model=args.svd_model,
     )
     try:
         report, code = analyze(args.input, options)
-    except MediaError as exc:
+    except (MediaError, RendererUnavailable) as exc:
         print(f"synchrony analyze: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(summary(report))
@@ -84,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--whisper", default=None, help="Whisper checkpoint (.pt) or CTranslate2 directory")
     p.add_argument("--no-video", action="store_true", help="skip writing annotated.mp4")
     p.add_argument("--record-au", action="store_true", help="also write au_session.csv (train-controller format)")
+    p.add_argument("--video-backend", choices=["overlay", "svd"], default="overlay",
+                   help="output frames: overlay on the camera (default) or Stable Video Diffusion")
+    p.add_argument("--svd-model", default=None, help="local SVD pipeline directory (or cached hub id)")
     p.set_defaults(func=_analyze)
 
     p = sub.add_parser("serve", help="live WebRTC server (WHIP) with the browser demo at /")

@@ -293,3 +293,40 @@ def test_avatar_reference_and_no_reference(tiny_pipe, tmp_path):
         renderer.close()
     with pytest.raises(RuntimeError, match="closed"):
         renderer.render(_request(1, None))
+
+
+def test_analyze_with_the_svd_backend(svd_dir, tmp_path):
+    """`analyze --video-backend svd`: generated frames at 16 fps, words still attached and Level-3 checked."""
+    import json
+
+    from app import testmedia
+    from app.analyze import AnalyzeOptions, analyze
+    from app.media_io import decode_media
+    from models.svd import SVDSettings
+
+    clip = testmedia.make_av_clip(text="call me", lead_in_s=0.3, tail_s=0.4, size=(160, 96), markers=(0.1,))
+    path = testmedia.write_av_file(tmp_path / "in.mp4", clip)
+    options = AnalyzeOptions(out_dir=tmp_path / "out", progress=False, video_backend="svd", svd_model=str(svd_dir),
+                             svd_options=dict(gen_size=GEN, clip_frames=CLIP, settings=SVDSettings(**FAST)))
+    report, code = analyze(path, options)
+    assert code == 0
+    renderer = report["renderer"]
+    assert renderer["backend"] == "svd" and not renderer["fallback"]
+    assert renderer["frames_svd"] == report["output"]["frames"] and renderer["frames_overlay"] == 0
+    assert report["tokens"] and all(t["frames"] for t in report["tokens"])
+    assert report["sync"]["checked"] == len(report["tokens"])
+    out = decode_media(tmp_path / "out" / "annotated.mp4")
+    assert out.video_fps == pytest.approx(16, abs=0.01) and abs(len(out.frames) - report["output"]["frames"]) <= 1
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["renderer"] == report["renderer"]
+
+
+def test_analyze_refuses_a_missing_svd_model(tmp_path, capsys):
+    from app import testmedia
+    from app.cli import main
+
+    clip = testmedia.make_av_clip(text="hi", lead_in_s=0.2, tail_s=0.2, size=(160, 96))
+    path = testmedia.write_av_file(tmp_path / "in.mp4", clip)
+    code = main(["analyze", str(path), "--out", str(tmp_path / "o"), "--video-backend", "svd",
+                 "--svd-model", str(tmp_path / "nowhere")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("synchrony analyze:") and "\n" not in err
