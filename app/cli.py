@@ -52,6 +52,9 @@ def _serve(args: argparse.Namespace) -> int:
         llm_url=args.llm_url,
         whisper_path=args.whisper,
         auth_token=args.auth_token or os.environ.get("SYNCHRONY_TOKEN") or None,
+        allowed_origins=tuple(args.allowed_origin),
+        output_delay_s=args.output_delay,
+        media_timeout_s=args.media_timeout,
     )
     serve(args.host, args.port, config)
     return EXIT_OK
@@ -95,13 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="live WebRTC server (WHIP) with the browser demo at /")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-sessions", type=int, default=8)
+    p.add_argument("--max-sessions", type=int, default=4)
     p.add_argument("--video-backend", choices=["overlay", "svd"], default="overlay")
     p.add_argument("--svd-model", default=None, help="local SVD pipeline directory (or cached hub id)")
     p.add_argument("--responder", choices=["caption", "openai"], default="caption")
     p.add_argument("--llm-url", default=None, help="OpenAI-compatible endpoint for --responder openai")
     p.add_argument("--whisper", default=None, help="Whisper checkpoint (.pt) or CTranslate2 directory")
     p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN)")
+    p.add_argument("--allowed-origin", action="append", default=[],
+                   help="a browser Origin allowed on /whip besides the page's own (repeatable)")
+    p.add_argument("--output-delay", type=float, default=0.9,
+                   help="seconds the returned video runs behind the camera, so captions land on their frames")
+    p.add_argument("--media-timeout", type=float, default=10.0,
+                   help="end a session after this many seconds without media from its peer")
     p.set_defaults(func=_serve)
 
     sub.add_parser("loadtest", help="simulated WebRTC peers against a server (see `synchrony loadtest -h`)",
