@@ -70,8 +70,8 @@ class NetemProfile:
       ``link_jitter_period_s`` (a link whose queueing delay wanders).
     * ``reorder``: probability a datagram is held back ``reorder_gap_ms`` more, so later ones overtake it.
       With ``reorder == 0`` the link is FIFO: jitter delays a datagram but never lets a later one pass.
-    * ``block_first_s``: no media datagram is delivered before this much link time (first-frame
-      blocking); the held datagrams are released together then.
+    * ``block_first_s``: nothing is delivered before this much link time (first-frame blocking:
+      media, RTCP and the DataChannel alike); the held datagrams are released together then.
     * ``max_in_flight``: bound on datagrams held at once; beyond it they are dropped and counted.
     """
 
