@@ -136,6 +136,7 @@ def latencies(session: Session, finals: list[tuple[float, WordToken]]) -> list[f
 class RunResult:
     lat: list[float]  # emission on the wall-time simulated clock - true word end
     lat_cpu: list[float]  # the same on the CPU-time clock (one dedicated core)
+    lat_zero: list[float]  # the same with zero compute: the policy's own latency floor
     finals: list[list[str]]
     compute_s: float
     cpu_s: float
@@ -151,15 +152,16 @@ def run_simulated(sessions: list[Session], config: StreamingConfig, engine: str)
     this process meanwhile). The decode points
     depend only on the audio, so one pass serves both.
     """
-    lat, lat_cpu, finals_text, compute, cpu, decodes = [], [], [], 0.0, 0.0, 0
+    lat, lat_cpu, lat_zero, finals_text, compute, cpu, decodes = [], [], [], [], 0.0, 0.0, 0
     for s in sessions:
         asr = StreamingASR(engine, config)
-        sim = sim_cpu = 0.0
+        sim = sim_cpu = sim_zero = 0.0
         finals: list[tuple[float, WordToken]] = []
         finals_cpu: list[tuple[float, WordToken]] = []
+        finals_zero: list[tuple[float, WordToken]] = []
         for c in [*chunks(s.audio), None]:
             if c is not None:
-                sim, sim_cpu = max(sim, c.end), max(sim_cpu, c.end)
+                sim, sim_cpu, sim_zero = max(sim, c.end), max(sim_cpu, c.end), c.end
             t, p = time.perf_counter(), time.process_time()
             evs = asr.feed(c) if c is not None else asr.flush()
             dt, dc = time.perf_counter() - t, time.process_time() - p
@@ -170,11 +172,13 @@ def run_simulated(sessions: list[Session], config: StreamingConfig, engine: str)
             fin = [e for e in evs if isinstance(e, WordToken) and e.final]
             finals += [(sim, e) for e in fin]
             finals_cpu += [(sim_cpu, e) for e in fin]
+            finals_zero += [(sim_zero, e) for e in fin]
         lat += latencies(s, finals)
         lat_cpu += latencies(s, finals_cpu)
+        lat_zero += latencies(s, finals_zero)
         finals_text.append([tok.text for _, tok in finals])
         decodes += asr.decode_count
-    return RunResult(lat, lat_cpu, finals_text, compute, cpu, sum(s.duration for s in sessions), decodes)
+    return RunResult(lat, lat_cpu, lat_zero, finals_text, compute, cpu, sum(s.duration for s in sessions), decodes)
 
 
 def run_round_robin_cpu(sessions: list[Session], config: StreamingConfig) -> RunResult:
@@ -214,7 +218,7 @@ def run_round_robin_cpu(sessions: list[Session], config: StreamingConfig) -> Run
         if not progressed:
             sim = min(todo[k][pos[k]].end for k in range(len(sessions)) if not done[k])
     lat = [x for s, f in zip(sessions, finals, strict=True) for x in latencies(s, f)]
-    return RunResult(lat, lat, [[t.text for _, t in f] for f in finals], cpu, cpu,
+    return RunResult(lat, lat, [], [[t.text for _, t in f] for f in finals], cpu, cpu,
                      sum(s.duration for s in sessions), sum(a.decode_count for a in streams))
 
 
@@ -252,7 +256,7 @@ async def run_worker(sessions: list[Session], config: StreamingConfig) -> tuple[
     stats = worker.stats()
     worker.stop()
     lat = [x for s, got in zip(sessions, results, strict=True) for x in latencies(s, got)]
-    res = RunResult(lat, lat, [[t.text for _, t in got] for got in results], stats.decodes * stats.decode_ms_mean
+    res = RunResult(lat, lat, [], [[t.text for _, t in got] for got in results], stats.decodes * stats.decode_ms_mean
                     / 1000, cpu, sum(s.duration for s in sessions), stats.decodes)
     return res, stats
 
@@ -298,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
           f"  p95 {1000 * pct(one.lat, 95):.0f} ms  max {1000 * max(one.lat, default=float('nan')):.0f} ms")
     print(f"  CPU clock (one dedicated core):    p50 {1000 * pct(one.lat_cpu, 50):.0f} ms"
           f"  p95 {1000 * pct(one.lat_cpu, 95):.0f} ms  max {1000 * max(one.lat_cpu, default=float('nan')):.0f} ms")
+    print(f"  zero compute (the policy's floor): p50 {1000 * pct(one.lat_zero, 50):.0f} ms"
+          f"  p95 {1000 * pct(one.lat_zero, 95):.0f} ms  max {1000 * max(one.lat_zero, default=float('nan')):.0f} ms")
     print(f"  RTF wall {one.compute_s / one.audio_s:.3f}, CPU {one.cpu_s / one.audio_s:.3f}"
           f" ({one.cpu_s:.2f} CPU s for {one.audio_s:.1f} s audio, {one.cpu_s / len(sessions):.2f} per stream);"
           f" decodes {one.decodes}, {1000 * one.compute_s / max(one.decodes, 1):.0f} ms wall"

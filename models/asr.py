@@ -95,9 +95,13 @@ class Engine(Protocol):
     forces_prefix: bool  # True: the returned words start with ``prefix`` exactly
 
     def transcribe(
-        self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = ""
+        self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = "", draft: Sequence[str] = ()
     ) -> list[DecodedWord]:
-        """Words of ``audio`` (times relative to its start); ``prefix`` = raw committed words."""
+        """Words of ``audio`` (times relative to its start); ``prefix`` = raw committed words.
+
+        ``draft`` (raw words expected after the prefix, e.g. the last hypothesis) is a speed hint
+        only: the result must not depend on it.
+        """
         ...
 
 
@@ -144,7 +148,7 @@ class WhisperEngine:
 
     # The model is shared: every forward pass below runs under ``self.lock``.
     def transcribe(
-        self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = ""
+        self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = "", draft: Sequence[str] = ()
     ) -> list[DecodedWord]:
         audio = np.asarray(audio, np.float32).reshape(-1)
         if audio.size < SAMPLE_RATE // 10:
@@ -152,6 +156,7 @@ class WhisperEngine:
         dur = audio.size / SAMPLE_RATE
         num_frames = audio.size // 160
         prefix_tokens = self.tokenizer.encode("".join(prefix)) if prefix else []
+        draft_tokens = self.tokenizer.encode("".join(draft)) if draft else []
         prev_threads = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
@@ -160,7 +165,7 @@ class WhisperEngine:
             with self.lock, torch.inference_mode():
                 feats = self.model.encoder(mel.unsqueeze(0))
                 text, probs, layers, first_row, no_speech, avg_lp = self._decode_tokens(
-                    feats, prefix_tokens, prompt, dur
+                    feats, prefix_tokens, prompt, dur, draft_tokens
                 )
                 if not prefix_tokens and no_speech > 0.6 and avg_lp < -1.0:
                     return []  # Whisper's own no-speech rule
@@ -181,7 +186,8 @@ class WhisperEngine:
         projection is done by the caller where needed — most of a step's cost otherwise.
         """
         dec = self.model.decoder
-        offset = next(iter(cache.values())).shape[1] if cache else 0
+        first = cache.get(dec.blocks[0].attn.key)
+        offset = first.shape[1] if first is not None else 0
         x = torch.tensor([tokens])
         h = dec.token_embedding(x) + dec.positional_embedding[offset : offset + len(tokens)]
         for block in dec.blocks:
@@ -189,9 +195,15 @@ class WhisperEngine:
         return dec.ln(h)[0]
 
     def _decode_tokens(
-        self, feats: torch.Tensor, prefix_tokens: list[int], prompt: str, dur: float
+        self, feats: torch.Tensor, prefix_tokens: list[int], prompt: str, dur: float,
+        draft_tokens: Sequence[int] = (),
     ) -> tuple[list[int], list[float], list[torch.Tensor], int, float, float]:
         """Greedy decoding with a key/value cache, capturing cross-attention for the word DTW.
+
+        ``draft_tokens`` (the previous hypothesis) are fed with the prefix in one forward pass and
+        verified greedily from the logits of that pass: accepted tokens cost no sequential step,
+        and at the first mismatch the cache is cut back and greedy decoding goes on from there.
+        The result is the plain greedy decode; only the number of weight reads changes.
 
         Returns text tokens (prefix + new), their probabilities (1.0 for the forced prefix), the
         per-layer cross-attention logits of every fed position, the row of ``<|notimestamps|>``,
@@ -207,22 +219,34 @@ class WhisperEngine:
         initial += self._sot_seq
         tokens = initial + prefix_tokens
         budget = min(int(dur * 8) + 8, self.n_text_ctx // 2, self.n_text_ctx - len(tokens) - 1)
+        draft = list(draft_tokens)[: max(budget, 0)]
         emb = self.model.decoder.token_embedding.weight
+        dec = self.model.decoder
+        self_kv = [m for block in dec.blocks for m in (block.attn.key, block.attn.value)]
         n_layers = self.model.dims.n_text_layer
         qks: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
         hooks = [
             block.cross_attn.register_forward_hook(lambda _m, _i, outs, index=i: qks[index].append(outs[-1][0]))
-            for i, block in enumerate(self.model.decoder.blocks)
+            for i, block in enumerate(dec.blocks)
         ]
         cache, cache_hooks = self.model.install_kv_cache_hooks()
         out: list[int] = []
         probs: list[float] = []
         sum_lp = 0.0
+        n0 = len(tokens)
+        no_speech = 0.0
         try:
             with disable_sdpa():  # eager attention, so the cross-attention weights come back
-                h = self._hidden(tokens, feats, cache)
-                no_speech = float((h[sot_index] @ emb.T).float().softmax(-1)[tok.no_speech])
-                step = h[-1] @ emb.T
+                h = self._hidden(tokens + draft, feats, cache)
+                rows = h[n0 - 1 :]  # logits that predict draft[0], ..., draft[-1], the token after
+                if not prefix_tokens:  # no-speech is only judged without a prefix: share the matmul
+                    rows = torch.cat([h[sot_index : sot_index + 1], rows])
+                logits = rows @ emb.T
+                if not prefix_tokens:
+                    no_speech = float(logits[0].float().softmax(-1)[tok.no_speech])
+                    logits = logits[1:]
+                step = logits[0]
+                in_draft = True
                 for i in range(max(budget, 0)):
                     step = step.float().masked_fill(self._suppress, -np.inf)
                     if i == 0 and not prefix_tokens:
@@ -238,6 +262,16 @@ class WhisperEngine:
                     if keep < len(out):
                         del out[max(keep, 0) :], probs[max(keep, 0) :]
                         break
+                    if in_draft and i < len(draft) and nxt == draft[i]:
+                        step = logits[i + 1]  # already computed in the batched pass
+                        continue
+                    if in_draft:  # leave the draft: forget what was fed past the accepted tokens
+                        in_draft = False
+                        valid = n0 + i
+                        for m in self_kv:
+                            cache[m] = cache[m][:, :valid]
+                        for k in range(n_layers):
+                            qks[k] = [torch.cat(qks[k], dim=1)[:, :valid]]
                     step = self._hidden([nxt], feats, cache)[-1] @ emb.T
         finally:
             for hk in hooks + cache_hooks:
@@ -316,7 +350,7 @@ class FasterWhisperEngine:
         self.lock = threading.Lock()
 
     def transcribe(
-        self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = ""
+        self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = "", draft: Sequence[str] = ()
     ) -> list[DecodedWord]:
         audio = np.asarray(audio, np.float32).reshape(-1)
         if audio.size < SAMPLE_RATE // 10:
@@ -598,7 +632,8 @@ class StreamingASR:
         # Punctuation is left out of the forced prefix: a forced full stop invites end-of-text.
         prefix = [_bare(w.raw) for w in self._committed]
         t = time.perf_counter()
-        words = self.engine.transcribe(audio, prefix=prefix, prompt=self._prompt)
+        draft = [w.raw for w in self._hyp]
+        words = self.engine.transcribe(audio, prefix=prefix, prompt=self._prompt, draft=draft)
         if not self.engine.forces_prefix:
             words = _after_committed(words, self._committed)
         else:
