@@ -36,6 +36,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from alignment.types import SAMPLE_RATE
+from app.ice import is_loopback_url, loopback_candidates
 
 AUDIO_RATE = 48_000
 AUDIO_FRAME = 960  # 20 ms at 48 kHz
@@ -168,6 +169,7 @@ class WhipPeer:
         frames = clip.frames if clip is not None and frames is None else frames
         fps = clip.fps if clip is not None and fps is None else fps
         self._start = _Start()
+        loopback_candidates(is_loopback_url(url))  # media to a loopback server stays on loopback
         self.pc = RTCPeerConnection()
         self.audio_track = ClipAudioTrack(audio, self._start, loop) if audio is not None else None
         self.video_track = (

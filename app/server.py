@@ -476,6 +476,10 @@ async def running_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -
     """Run ``app`` under uvicorn on this event loop; yields its base URL (tests, benches, load tests)."""
     import uvicorn
 
+    from app.ice import is_loopback_host, loopback_candidates
+
+    loopback_candidates(is_loopback_host(host))  # a loopback server keeps its media on loopback
+
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
     try:
@@ -495,5 +499,8 @@ def serve(host: str, port: int, config: ServerConfig) -> None:
     """Run the server until interrupted (blocking)."""
     import uvicorn
 
+    from app.ice import is_loopback_host, loopback_candidates
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loopback_candidates(is_loopback_host(host))  # a loopback server keeps its media on loopback
     uvicorn.run(create_app(config), host=host, port=port, log_level="info")

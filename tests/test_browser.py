@@ -56,7 +56,8 @@ async def test_page_shows_words_aus_and_returned_video(live_stages, fake_media, 
     args = [
         "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
         f"--use-file-for-fake-video-capture={y4m}", f"--use-file-for-fake-audio-capture={wav}",
-        "--disable-features=WebRtcHideLocalIpsWithMdns", "--no-sandbox", "--disable-gpu",
+        "--disable-features=WebRtcHideLocalIpsWithMdns", "--allow-loopback-in-peer-connection",
+        "--no-sandbox", "--disable-gpu",
         "--disable-background-networking", "--disable-component-update", "--no-first-run",
         "--autoplay-policy=no-user-gesture-required",
     ]
