@@ -117,7 +117,9 @@ async def test_openai_tokens_are_paced_and_capped(fake_openai):
     out = [t async for t in responder.respond("hi", policy, TokenPacer(policy))]
     assert [t.text for t in out] == REPLY[:6]
     assert srv.requests[0]["max_tokens"] == 6
-    assert np.allclose(np.diff([t.due for t in out]), 0.04, atol=1e-9)
+    gaps = np.diff([t.due for t in out])
+    # Never faster than the pace; on time unless the source itself was late (the grid re-anchors).
+    assert (gaps >= 0.04 - 1e-9).all() and np.median(gaps) == pytest.approx(0.04, abs=1e-9)
     assert out[-1].emitted - out[0].emitted >= 5 * 0.04 - 0.002  # paced, not a burst
 
 
