@@ -128,6 +128,9 @@ class Session:
         # AU worker: one-slot mailbox
         self._slot: tuple[float, av.VideoFrame, float] | None = None
         self._slot_cond = threading.Condition()
+        # One camera frame can be converted by the AU thread and the render thread at once; libswscale
+        # state is per frame, and concurrent use of it crashed the process (SIGSEGV at 2-4 peers).
+        self._convert_lock = threading.Lock()
         self._au_thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._asr_stream: Any = None
@@ -307,7 +310,8 @@ class Session:
             last = time.monotonic()
             try:
                 c0 = time.monotonic()
-                image = frame.to_ndarray(format="rgb24")
+                with self._convert_lock:
+                    image = frame.to_ndarray(format="rgb24")
                 if hasattr(faces, "extract_full"):
                     obs = faces.extract_full(VideoFrame(t, image))
                     sample, mouth = obs.au, (obs.mouth_open if obs.face else None)
@@ -521,7 +525,10 @@ class Session:
         sync_ok, size = self._last_sync_ok, self.config.output_size
 
         def build() -> Any:
-            camera = None if best is None else best.to_ndarray(format="rgb24", width=size[0], height=size[1])
+            camera = None
+            if best is not None:
+                with self._convert_lock:
+                    camera = best.to_ndarray(format="rgb24", width=size[0], height=size[1])
             return RenderRequest(index=k, pts=t, camera=camera, caption=caption, new_words=new_words, au=au,
                                  load=load, sync_ok=sync_ok, size=size)
 
