@@ -273,6 +273,12 @@ def _refuse(status: int, message: str, metrics: ServerMetrics, headers: dict[str
     return PlainTextResponse(message + "\n", status_code=status, headers=headers)
 
 
+def _reclaim_soon(loop: asyncio.AbstractEventLoop) -> None:
+    """Run ``reclaim`` off the loop, unless the server is shutting down (its executor is gone then)."""
+    with contextlib.suppress(RuntimeError):
+        loop.run_in_executor(None, reclaim)
+
+
 def create_app(config: ServerConfig | None = None, stages: Stages | None = None) -> FastAPI:
     """The FastAPI app; pass pre-warmed ``stages`` to share loaded models between apps (tests)."""
     config = config or ServerConfig()
@@ -352,7 +358,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
             metrics.sessions_ended.labels(label).inc()
             # Free the session's cyclic garbage and trim the heap (RSS grew ~10 MB per session otherwise).
             loop = asyncio.get_running_loop()
-            loop.call_later(0.5, lambda: loop.run_in_executor(None, reclaim))
+            loop.call_later(0.5, _reclaim_soon, loop)
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception) -> Response:
