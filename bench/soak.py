@@ -293,6 +293,14 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
             m = await metrics(base)
             events = sum(len(p.events) for p in live)
             frames = sum(p.frames_received for p in live)
+            per_session = []
+            async with httpx.AsyncClient(base_url=base, timeout=10.0) as c:
+                for p in live:
+                    resp = await c.get(f"/whip/{p.session_id}")
+                    info = resp.json() if resp.status_code == 200 else {}
+                    per_session.append({"frames_received": p.frames_received, "events": len(p.events),
+                                        "frames_sent": info.get("frames_sent"), "degraded": info.get("degraded"),
+                                        "state": p.pc.connectionState})
             samples.append({"t_s": round(now - t0, 1), "rss_mb": r["rss_mb"], "sessions": r["sessions"],
                             "threads": _own_threads(r), "tasks": r["tasks"],
                             "asr_queue_chunks": r["asr_queue_chunks"],
@@ -300,11 +308,13 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
                             "tokens_held": r["tokens_held"], "frame_words": r["frame_words"],
                             "channel_buffered": r["channel_buffered"],
                             "drops": _select(m, "synchrony_drops_total"), "events": events, "frames": frames,
+                            "per_session": per_session,
                             "server_alive": True})
             s = samples[-1]
             print(f"  soak {s['t_s']:6.0f} s: RSS {s['rss_mb']:.1f} MB, sessions {s['sessions']}, ASR queue "
                   f"{s['asr_queued_s']:.2f} s, camera {s['camera_frames']}, tokens {s['tokens_held']}, "
-                  f"events {events}, frames {frames}, drops {sum(s['drops'].values()):.0f}", flush=True)
+                  f"events {events}, frames {frames}, drops {sum(s['drops'].values()):.0f}; per session "
+                  f"{[(x['frames_received'], x['frames_sent']) for x in per_session]}", flush=True)
             for p in live:
                 if p.pc.connectionState in ("failed", "closed") and p.session_id not in lost:
                     lost.append(str(p.session_id))
