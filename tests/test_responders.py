@@ -154,7 +154,9 @@ async def test_caption_responder_streams_transcript_at_pace():
     policy = TokenRatePolicy(tokens_per_s=50.0, max_tokens=5, temperature=0.0)
     out = [t async for t in CaptionResponder().respond("please send the report to my office", policy)]
     assert [t.text for t in out] == ["please", "send", "the", "report", "to"]
-    assert np.allclose(np.diff([t.due for t in out]), 0.02, atol=1e-9)
+    gaps = np.diff([t.due for t in out])
+    # on the 20 ms grid; a machine stall longer than one interval re-anchors it (never faster)
+    assert (gaps >= 0.02 - 1e-9).all() and np.median(gaps) == pytest.approx(0.02, abs=1e-9)
     assert make_responder().name == "caption"
 
 
