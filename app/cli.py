@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True,
                    help="CSV of labelled AU sessions (format: assets/CONTROLLER_MODEL_CARD.md)")
     p.add_argument("--out", default="controller.pt", help="where to write the new weights")
-    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_train_controller)
     return parser
