@@ -63,6 +63,16 @@ def test_report_has_aus_sync_and_timings(analyzed):
     assert (out / "annotated.mp4").stat().st_size > 10_000
 
 
+def test_report_has_lst_of_the_replayed_response_stream(analyzed):
+    _, report, _ = analyzed
+    lst = report["lst"]
+    assert lst["mode"] == "replay" and lst["tier"] in {"gold", "silver", "bronze", "none"}
+    assert lst["tokens"] == len(report["tokens"])  # the caption responder echoes every word
+    first = lst["responses"][0]
+    assert first["first_token"] >= first["utterance_end"]  # no token before the user stopped speaking
+    assert lst["ttft_ms_p99"] >= 0 and lst["jitter_ms"] == pytest.approx(0, abs=1e-6)  # ideal pacing on a virtual clock
+
+
 def test_annotated_video_is_16fps_with_audio(analyzed):
     from app.media_io import decode_media
 
