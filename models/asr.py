@@ -540,13 +540,14 @@ class StreamingConfig:
     guard_s: float = 0.5  # ... becomes final only with this much audio after it
     stable_s: float | None = None  # also final without agreement: this much audio after it and ...
     stable_prob: float = 0.9  # ... at least this probability (time-based commit)
-    max_window_s: float = MAX_WINDOW_S
+    max_window_s: float = MAX_WINDOW_S  # past this, re-base the window at a final word boundary
+    context_s: float = 0.0  # audio of final words kept in a re-based window (acoustic context)
     max_gap_s: float = 1.0  # a pts gap up to this is filled with silence; longer restarts the stream
     refine: bool = True
     vad_gate: bool = True  # False: decode every step regardless of speech, no endpoints (baselines)
 
     def __post_init__(self) -> None:
-        if self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2:
+        if self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2 or self.context_s < 0:
             raise ValueError(f"invalid streaming config {self}")
 
 
@@ -569,7 +570,7 @@ class StreamingASR:
         self.engine = get_engine(engine, model)
         cfg = self.config
         self._vad = StreamingVAD(VADConfig(threshold=cfg.vad_threshold, min_silence_s=cfg.min_silence_s))
-        self._buf = _AudioBuffer(cfg.max_window_s + cfg.pre_roll_s + cfg.min_silence_s + 3.0)
+        self._buf = _AudioBuffer(max(cfg.max_window_s, MAX_WINDOW_S) + cfg.pre_roll_s + cfg.min_silence_s + 3.0)
         self._started = False
         self._pos = 0.0  # pts of the next expected sample
         self._utt = -1
@@ -766,14 +767,24 @@ class StreamingASR:
         return list(toks)
 
     def _rebase(self) -> None:
-        """Window too long: restart it after the last final word, keeping finals as the prompt."""
-        if not self._committed:
+        """Window too long: move its start to a final word boundary so a step costs O(1).
+
+        Finals ending in the last ``context_s`` stay in the window (acoustic context, forced as
+        the prefix); earlier ones move into the text prompt and their audio is dropped.
+        """
+        words = self._committed
+        if not words:
             return
-        last_end = self._win_start + self._committed[-1].end
-        self._prompt = (self._prompt + "".join(w.raw for w in self._committed)).strip()[-400:]
-        self._committed = []
-        self._win_start = last_end
-        self._buf.trim_before(last_end)
+        keep_from = words[-1].end - self.config.context_s
+        k = next((i for i, w in enumerate(words) if w.start >= keep_from), len(words))
+        if k == 0:
+            return  # every final is recent: nothing to move out yet
+        shift = words[k - 1].end
+        self._prompt = (self._prompt + "".join(w.raw for w in words[:k])).strip()[-400:]
+        self._committed = [replace(w, start=w.start - shift, end=w.end - shift) for w in words[k:]]
+        self._hyp = [replace(w, start=w.start - shift, end=w.end - shift) for w in self._hyp]
+        self._win_start += shift
+        self._buf.trim_before(self._win_start)
 
 
 def _bare(raw: str) -> str:
