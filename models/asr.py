@@ -24,7 +24,8 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -203,7 +204,9 @@ class WhisperEngine:
         """
         if self._proj_q is None:
             return rows @ self.model.decoder.token_embedding.weight.T
-        return self._proj_q(rows)
+        # Row by row: dynamic int8 scales the input per call, so a batched row would round
+        # differently from the same row decoded alone (probabilities would depend on the draft).
+        return torch.cat([self._proj_q(r[None]) for r in rows])
 
     def _pick(self, hrow: torch.Tensor, approx: torch.Tensor, blank: bool) -> tuple[int, float]:
         """Greedy token and its log-probability: exact logits for the top candidates."""
@@ -231,8 +234,6 @@ class WhisperEngine:
         per-layer cross-attention logits of every fed position, the row of ``<|notimestamps|>``,
         the no-speech probability and the mean log-probability of the new tokens.
         """
-        from whisper.model import disable_sdpa
-
         tok = self.tokenizer
         initial: list[int] = []
         if prompt.strip():
@@ -258,7 +259,7 @@ class WhisperEngine:
         n0 = len(tokens)
         no_speech = 0.0
         try:
-            with disable_sdpa():  # eager attention, so the cross-attention weights come back
+            with _eager_attention():  # so the cross-attention weights come back
                 h = self._hidden(tokens + draft, feats, cache)
                 rows = h[n0 - 1 :]  # hidden states that predict draft[0], ..., draft[-1], the next
                 if not prefix_tokens:  # no-speech is only judged without a prefix
@@ -332,6 +333,33 @@ class WhisperEngine:
             for t in timings
             if t.word and normalize_word(t.word)
         ]
+
+
+_EAGER_LOCK = threading.Lock()
+_EAGER_USERS = 0
+
+
+@contextmanager
+def _eager_attention() -> Iterator[None]:
+    """whisper's ``disable_sdpa`` for concurrent decoders: the switch is one class attribute, so
+    it is turned off while any decode here needs it and restored when the last one ends (eager
+    and SDPA attention compute the same values, so an encoder running meanwhile is unaffected
+    beyond float rounding)."""
+    from whisper.model import MultiHeadAttention
+
+    global _EAGER_USERS
+    with _EAGER_LOCK:
+        if _EAGER_USERS == 0:
+            _eager_attention.prev = MultiHeadAttention.use_sdpa  # type: ignore[attr-defined]
+        _EAGER_USERS += 1
+        MultiHeadAttention.use_sdpa = False
+    try:
+        yield
+    finally:
+        with _EAGER_LOCK:
+            _EAGER_USERS -= 1
+            if _EAGER_USERS == 0:
+                MultiHeadAttention.use_sdpa = _eager_attention.prev  # type: ignore[attr-defined]
 
 
 _RESCORE = 8  # candidates re-scored in fp32 after the int8 vocabulary projection
@@ -847,6 +875,7 @@ class ASRStream:
         self._events: asyncio.Queue[ASREvent | None] = asyncio.Queue(maxsize=max_events)
         self.closed = False
         self.finished = False
+        self.busy = False  # a worker lane is feeding it (lanes never feed one stream at once)
 
     # Called on the event loop (or any thread): never blocks.
     def push(self, chunk: AudioChunk) -> None:
@@ -907,6 +936,17 @@ class ASRStream:
             self._loop.call_soon_threadsafe(put)
 
 
+def _engine_copy(engine: Engine) -> Engine:
+    """An engine with its own copy of the weights, for a second worker lane."""
+    if isinstance(engine, WhisperEngine):
+        import copy
+
+        return WhisperEngine(copy.deepcopy(engine.model), engine.context_pad_s, engine.threads)
+    if isinstance(engine, FasterWhisperEngine):
+        return FasterWhisperEngine()
+    return engine  # an unknown engine is shared (its own locking decides)
+
+
 def _merge_contiguous(chunks: list[AudioChunk]) -> list[AudioChunk]:
     """Join chunks that follow each other without a gap, so a turn decodes once, not per chunk."""
     out: list[AudioChunk] = []
@@ -929,11 +969,14 @@ def join_chunks(run: list[AudioChunk]) -> AudioChunk:
 
 
 class ASRWorker:
-    """One model, many sessions: round-robin on a worker thread, bounded queues everywhere.
+    """Many sessions on ``lanes`` worker threads, round-robin, bounded queues everywhere.
 
     Each turn takes one session's queued chunks (at most ``max_chunks_per_turn``), feeds them to
     its :class:`StreamingASR` (which decodes at most once per feed), and hands events to that
-    session's asyncio queue on its event loop.
+    session's asyncio queue on its event loop. With ``lanes`` > 1 each lane is a thread with its
+    own copy of the model (forward passes on one model are serialised), so decodes of different
+    sessions run on separate cores; a session is served by one lane at a time, by whichever is
+    free (the streaming state is engine-independent: the copies hold the same weights).
     """
 
     def __init__(
@@ -946,8 +989,12 @@ class ASRWorker:
         max_chunks_per_turn: int = 10_000,
         model=None,  # noqa: ANN001
         autostart: bool = True,
+        lanes: int = 1,
     ) -> None:
+        if lanes < 1:
+            raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.engine = get_engine(engine, model)
+        self.engines: list[Engine] = [self.engine] + [_engine_copy(self.engine) for _ in range(lanes - 1)]
         self.config = config or StreamingConfig()
         self.max_queue_s = max_queue_s
         self.max_events = max_events
@@ -961,14 +1008,18 @@ class ASRWorker:
         self._decode_s = 0.0
         self._closed_drops = (0, 0, 0)  # chunks, samples, events dropped by streams now closed
         self._last_ms = 0.0
-        self._thread = threading.Thread(target=self._run, name="asr-worker", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._run, args=(eng,), name=f"asr-worker-{i}", daemon=True)
+            for i, eng in enumerate(self.engines)
+        ]
         if autostart:
             self.start()
 
     def start(self) -> None:
-        """Start the worker thread (done by the constructor unless ``autostart=False``)."""
-        if not self._thread.is_alive():
-            self._thread.start()
+        """Start the worker threads (done by the constructor unless ``autostart=False``)."""
+        for t in self._threads:
+            if not t.is_alive() and t.ident is None:
+                t.start()
 
     def warmup(self) -> float:
         """Run one real inference (encoder, decoder, alignment); return its wall seconds."""
@@ -980,7 +1031,8 @@ class ASRWorker:
             rng = np.random.default_rng(0)
             audio = (0.05 * rng.standard_normal(SAMPLE_RATE)).astype(np.float32)
         t = time.perf_counter()
-        self.engine.transcribe(audio)
+        for eng in self.engines:
+            eng.transcribe(audio)
         return time.perf_counter() - t
 
     def open(self, session_id: str) -> ASRStream:
@@ -1022,8 +1074,9 @@ class ASRWorker:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout=10)
         for s in list(self._streams.values()):
             s._deliver([None])
 
@@ -1033,13 +1086,17 @@ class ASRWorker:
             sid = self._order[0]
             self._order.rotate(-1)
             s = self._streams[sid]
+            if s.busy:
+                continue
             if s._chunks:
+                s.busy = True
                 return s, s._take(self.max_chunks_per_turn), False
             if s.closed and not s.finished:
+                s.busy = True
                 return s, [], True
         return None
 
-    def _run(self) -> None:
+    def _run(self, engine: Engine) -> None:
         while True:
             with self._cond:
                 job = self._next()
@@ -1052,6 +1109,7 @@ class ASRWorker:
             stream, chunks, closing = job
             try:
                 events: list[ASREvent | None] = []
+                stream.asr.engine = engine
                 before_n, before_s = stream.asr.decode_count, stream.asr.decode_s
                 for c in _merge_contiguous(chunks):
                     events += stream.asr.feed(c)
@@ -1061,9 +1119,10 @@ class ASRWorker:
                 n = stream.asr.decode_count - before_n
                 if n:
                     spent = stream.asr.decode_s - before_s
-                    self._decodes += n
-                    self._decode_s += spent
-                    self._last_ms = 1000 * spent / n
+                    with self._cond:
+                        self._decodes += n
+                        self._decode_s += spent
+                        self._last_ms = 1000 * spent / n
             except Exception:  # a bad stream must not take the worker down
                 log.exception("ASR failed for session %s; closing it", stream.session_id)
                 events = [None]
@@ -1079,3 +1138,6 @@ class ASRWorker:
                         self._order.remove(stream.session_id)
             if events:
                 stream._deliver(events)
+            with self._cond:
+                stream.busy = False
+                self._cond.notify_all()  # another lane may be waiting for this stream's audio

@@ -147,8 +147,10 @@ def test_worker_back_pressure_drops_oldest_and_counts(whisper_model):
     worker.stop()
 
 
-async def test_two_streams_on_one_worker_both_complete(whisper_model):
-    worker = ASRWorker(model=whisper_model, max_queue_s=30.0)
+@pytest.mark.parametrize("lanes", [1, 2])
+async def test_two_streams_on_one_worker_both_complete(whisper_model, lanes):
+    worker = ASRWorker(model=whisper_model, max_queue_s=30.0, lanes=lanes)
+    assert len({id(getattr(e, "model", e)) for e in worker.engines}) == lanes  # a weight copy per lane
     assert worker.warmup() > 0
     a = testmedia.synthesize_speech("send the report", lead_in_s=0.3)
     b = testmedia.synthesize_speech("call me at noon", lead_in_s=0.3, voice="en-GB-x-rp")
@@ -202,3 +204,24 @@ def test_one_big_chunk_with_two_utterances_keeps_both(whisper_model):
     finals = [e for e in events if isinstance(e, WordToken) and e.final]
     assert {f.utterance for f in finals} == {0, 1}
     assert _hits([f for f in finals if f.utterance == 1], b) >= len(b.words) - 1
+
+
+def test_draft_is_only_a_speed_hint(whisper_model, speech):
+    """The previous hypothesis, fed as a draft (right, wrong or too long), never changes the result."""
+    eng = get_engine("whisper", whisper_model)
+    plain = eng.transcribe(speech.samples)
+    assert plain
+    for draft in ([w.raw for w in plain], [w.raw for w in plain[:2]] + [" banana", " split"],
+                  [w.raw for w in plain] * 2):
+        hinted = eng.transcribe(speech.samples, draft=draft)
+        assert [(w.raw, w.start, w.end) for w in hinted] == [(w.raw, w.start, w.end) for w in plain]
+        assert [w.probability for w in hinted] == pytest.approx([w.probability for w in plain], abs=0.02)
+    prefix = [w.raw for w in plain[:2]]
+    hinted = eng.transcribe(speech.samples, prefix=prefix, draft=[w.raw for w in plain[2:]])
+    forced = eng.transcribe(speech.samples, prefix=prefix)
+    assert [(w.raw, w.start, w.end) for w in hinted] == [(w.raw, w.start, w.end) for w in forced]
+
+
+def test_worker_lanes_are_validated(whisper_model):
+    with pytest.raises(ValueError):
+        ASRWorker(model=whisper_model, lanes=0, autostart=False)
