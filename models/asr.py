@@ -147,6 +147,7 @@ class WhisperEngine:
         self._blank = [*tok.encode(" "), tok.eot]
         self.n_text_ctx = dims.n_text_ctx
         self._proj_q = _int8_projection(self.model.decoder.token_embedding.weight)
+        self._spellings: dict[int, str] = {}
 
     # The model is shared: every forward pass below runs under ``self.lock``.
     def transcribe(
@@ -208,16 +209,31 @@ class WhisperEngine:
         # differently from the same row decoded alone (probabilities would depend on the draft).
         return torch.cat([self._proj_q(r[None]) for r in rows])
 
-    def _pick(self, hrow: torch.Tensor, approx: torch.Tensor, blank: bool) -> tuple[int, float]:
-        """Greedy token and its log-probability: exact logits for the top candidates."""
+    def _pick(self, hrow: torch.Tensor, approx: torch.Tensor, blank: bool) -> tuple[int, float, float]:
+        """Greedy token, its log-probability (exact logits for the top candidates) and the
+        probability of its spelling: the candidates that read the same without case, space
+        and punctuation (" The" / " the" / "The") summed. tiny.en splits its belief over such
+        variants at a sentence start, which made a correct first word look unsure."""
         step = approx.float().masked_fill(self._suppress, -np.inf)
         if blank:
             step[self._blank] = -np.inf
         top = step.topk(_RESCORE).indices
         exact = self.model.decoder.token_embedding.weight[top] @ hrow
         step[top] = exact.float()
-        best = int(top[int(exact.argmax())])
-        return best, float(step[best] - torch.logsumexp(step, -1))
+        lse = torch.logsumexp(step, -1)
+        best_i = int(exact.argmax())
+        best = int(top[best_i])
+        lp = float(step[best] - lse)
+        spelled = self._spelling(best)
+        p_same = sum(float(torch.exp(step[int(c)] - lse)) for c in top.tolist()
+                     if spelled and self._spelling(int(c)) == spelled)
+        return best, lp, max(p_same, float(np.exp(lp)))
+
+    def _spelling(self, token: int) -> str:
+        key = self._spellings.get(token)
+        if key is None:
+            key = self._spellings[token] = normalize_word(self.tokenizer.decode([token]))
+        return key
 
     def _decode_tokens(
         self, feats: torch.Tensor, prefix_tokens: list[int], prompt: str, dur: float,
@@ -268,12 +284,12 @@ class WhisperEngine:
                 hrow, step = rows[0], logits[0]
                 in_draft = True
                 for i in range(max(budget, 0)):
-                    nxt, lp = self._pick(hrow, step, blank=i == 0 and not prefix_tokens)
+                    nxt, lp, p_spelled = self._pick(hrow, step, blank=i == 0 and not prefix_tokens)
                     if nxt == tok.eot:
                         break
                     sum_lp += lp
                     out.append(nxt)
-                    probs.append(float(np.exp(lp)))
+                    probs.append(p_spelled)
                     keep = _loop_cut(prefix_tokens + out) - len(prefix_tokens)  # repeats of the prefix too
                     if keep < len(out):
                         del out[max(keep, 0) :], probs[max(keep, 0) :]
@@ -564,7 +580,7 @@ class StreamingConfig:
     agreement: int = 2  # LocalAgreement-n
     min_commit_s: float = 0.6  # no finals before the utterance has this much audio (junk guard)
     right_context_s: float = 0.1  # a word becomes final only with this much audio after it
-    guard_prob: float = 0.8  # an agreed word below this probability ...
+    guard_prob: float = 0.7  # an agreed word below this probability ...
     guard_s: float = 0.5  # ... becomes final only with this much audio after it
     stable_s: float | None = None  # also final without agreement: this much audio after it and ...
     stable_prob: float = 0.9  # ... at least this probability (time-based commit)
