@@ -416,28 +416,27 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         return Response(pc.localDescription.sdp, status_code=201, media_type="application/sdp",
                         headers={"Location": f"/whip/{session.id}"})
 
-    @app.delete("/whip/{session_id}")
-    async def whip_delete(session_id: str, request: Request) -> Response:
+    def session_for(session_id: str, request: Request) -> Session | Response:
+        """The session a WHIP resource request names, or the refusal to send instead."""
         if not authorised(request):
             return _refuse(401, "missing or wrong bearer token", metrics, {"WWW-Authenticate": "Bearer"})
         if not origin_allowed(request):
             return refuse_origin(request)
         session = sessions.get(session_id)
-        if session is None:
-            return _refuse(404, "no such session", metrics)
+        return session if session is not None else _refuse(404, "no such session", metrics)
+
+    @app.delete("/whip/{session_id}")
+    async def whip_delete(session_id: str, request: Request) -> Response:
+        session = session_for(session_id, request)
+        if isinstance(session, Response):
+            return session
         await session.close("client DELETE")
         return Response(status_code=200)
 
     @app.get("/whip/{session_id}")
     async def whip_status(session_id: str, request: Request) -> Response:
-        if not authorised(request):
-            return _refuse(401, "missing or wrong bearer token", metrics, {"WWW-Authenticate": "Bearer"})
-        if not origin_allowed(request):
-            return refuse_origin(request)
-        session = sessions.get(session_id)
-        if session is None:
-            return _refuse(404, "no such session", metrics)
-        return JSONResponse(session.summary())
+        session = session_for(session_id, request)
+        return session if isinstance(session, Response) else JSONResponse(session.summary())
 
     @app.patch("/whip/{session_id}")
     async def whip_patch(session_id: str) -> Response:
