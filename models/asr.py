@@ -5,12 +5,17 @@
   DTW and are then refined by :func:`alignment.timing.refine_word_times`.
 * :class:`StreamingASR` — one session: VAD gates compute and endpoints utterances; the current
   utterance window is re-decoded every ``step_s`` of new speech with the committed words forced
-  as a decoder prefix (not re-decoded); LocalAgreement-2 (a word seen at the same position in two
-  consecutive hypotheses) turns interims into finals; at an endpoint every pending word is
-  finalised at once and an :class:`UtteranceEnd` carries the VAD end of speech.
-* :class:`ASRWorker` — one model shared by many sessions: bounded per-session audio queues (a
-  full queue drops the oldest audio and counts it), round-robin scheduling on one worker thread,
-  an async event stream per session.
+  as a decoder prefix (not re-decoded) and the last hypothesis verified as a draft in one batched
+  pass; LocalAgreement-2 (a word seen at the same position in two consecutive hypotheses) turns
+  interims into finals, with a probability guard (an unsure word waits for more audio after
+  it); at an endpoint every pending word is finalised at once and an :class:`UtteranceEnd`
+  carries the VAD end of speech.
+* :class:`ASRWorker` — many sessions: bounded per-session audio queues (a full queue drops the
+  oldest audio and counts it), round-robin scheduling on ``lanes`` worker threads (a model copy
+  each), an async event stream per session.
+
+Greedy decoding projects onto the vocabulary with an int8 copy of the embedding and re-scores
+the best candidates in fp32, so the tokens chosen are those of the fp32 model.
 
 Engines sit behind :class:`Engine`: ``"whisper"`` (openai-whisper, variable audio context,
 default) and ``"faster-whisper"`` (CTranslate2 on the bundled directory, 30-s padded).
