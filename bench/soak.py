@@ -273,6 +273,7 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
     from app.netem import NetemLink, parse_profile
 
     profile = parse_profile(netem)
+    ended_before = _select(await metrics(base), "synchrony_sessions_ended_total")  # earlier phases' endings
     links: list[NetemLink] = []
     live: list[WhipPeer] = []
     for i in range(peers):
@@ -325,11 +326,12 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
         for p in live:
             await p.close()
     m = await metrics(base)
-    return _soak_verdict(samples, m, lost, [lk.stats() for lk in links], peers, minutes, netem)
+    return _soak_verdict(samples, m, lost, [lk.stats() for lk in links], peers, minutes, netem, ended_before)
 
 
 def _soak_verdict(samples: list[dict[str, Any]], m: dict[str, float], lost: list[str],
-                  link_stats: list[dict[str, Any]], peers: int, minutes: float, netem: str) -> dict[str, Any]:
+                  link_stats: list[dict[str, Any]], peers: int, minutes: float, netem: str,
+                  ended_before: dict[str, float]) -> dict[str, Any]:
     half = len(samples) // 2
     first, second = samples[:half] or samples, samples[half:]
     rss_growth = max(s["rss_mb"] for s in second) - second[0]["rss_mb"]
@@ -338,7 +340,7 @@ def _soak_verdict(samples: list[dict[str, Any]], m: dict[str, float], lost: list
         a, b = max(s[q] for s in first), max(s[q] for s in second)
         limit = bound * peers if bound is not None else QUEUE_GROWTH * a + 1
         queues[q] = {"first_half_max": a, "second_half_max": b, "limit": limit, "grows": b > limit}
-    ended = _select(m, "synchrony_sessions_ended_total")
+    ended = {k: v - ended_before.get(k, 0.0) for k, v in _select(m, "synchrony_sessions_ended_total").items()}
     errors = {k: v for k, v in _select(m, "synchrony_stage_errors_total").items() if v > 0}
     flowing = len(samples) >= 2 and samples[-1]["events"] > samples[-2]["events"] and \
         samples[-1]["frames"] > samples[-2]["frames"]
