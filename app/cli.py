@@ -55,6 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
         allowed_origins=tuple(args.allowed_origin),
         output_delay_s=args.output_delay,
         media_timeout_s=args.media_timeout,
+        asr_lanes=args.asr_lanes,
     )
     serve(args.host, args.port, config)
     return EXIT_OK
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a browser Origin allowed on /whip besides the page's own (repeatable)")
     p.add_argument("--output-delay", type=float, default=0.9,
                    help="seconds the returned video runs behind the camera, so captions land on their frames")
+    p.add_argument("--asr-lanes", type=int, default=2,
+                   help="parallel Whisper decode threads shared by all sessions (one model copy each)")
     p.add_argument("--media-timeout", type=float, default=10.0,
                    help="end a session after this many seconds without media from its peer")
     p.set_defaults(func=_serve)
