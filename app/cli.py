@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN)")
     p.add_argument("--allowed-origin", action="append", default=[],
                    help="a browser Origin allowed on /whip besides the page's own (repeatable)")
-    p.add_argument("--output-delay", type=float, default=0.9,
+    p.add_argument("--output-delay", type=float, default=1.5,
                    help="seconds the returned video runs behind the camera, so captions land on their frames")
     p.add_argument("--asr-lanes", type=int, default=2,
                    help="parallel Whisper decode threads shared by all sessions (one model copy each)")

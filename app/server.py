@@ -49,7 +49,7 @@ class ServerConfig:
     whisper_path: str | None = None
     auth_token: str | None = None
     allowed_origins: tuple[str, ...] = ()
-    output_delay_s: float = 0.9
+    output_delay_s: float = 1.5  # > final-word latency p95 (bench/asr_stream.py), so captions land on their frames
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
     asr_lanes: int = 2  # decode threads sharing the sessions (2 cores: 4-stream p95 about halves vs 1)

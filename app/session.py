@@ -55,7 +55,7 @@ MAX_VIDEO_PIXELS = 1920 * 1088
 class SessionConfig:
     """Per-session knobs (the server fills them from ``ServerConfig``)."""
 
-    output_delay_s: float = 0.9
+    output_delay_s: float = 1.5  # > final-word latency p95 (bench/asr_stream.py), so captions land on their frames
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
     au_max_fps: float = 30.0
