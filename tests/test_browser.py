@@ -52,7 +52,7 @@ async def test_page_shows_words_aus_and_returned_video(live_stages, fake_media, 
 
     y4m, wav = fake_media
     expected = {"".join(ch for ch in w.text.lower() if ch.isalpha()) for w in av_clip.words if len(w.text) > 2}
-    app = create_app(ServerConfig(output_delay_s=0.9), stages=live_stages)
+    app = create_app(ServerConfig(), stages=live_stages)
     args = [
         "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
         f"--use-file-for-fake-video-capture={y4m}", f"--use-file-for-fake-audio-capture={wav}",
