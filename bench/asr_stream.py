@@ -44,6 +44,7 @@ import numpy as np
 
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
 from app import testmedia
+from app.loadmetrics import TruthWord
 from models.asr import (
     ASRWorker,
     StreamingASR,
@@ -67,13 +68,6 @@ SENTENCES = (
 VOICES = ("en-us", "en-GB-x-rp", "en-us+f3", "en-029")
 CHUNK = 320  # 20 ms
 PAUSE_S = 0.9
-
-
-@dataclass(frozen=True)
-class TruthWord:
-    text: str
-    start: float
-    end: float
 
 
 @dataclass(frozen=True)

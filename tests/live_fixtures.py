@@ -23,3 +23,17 @@ def live_stages(whisper_model):
         _CACHE["stages"] = state.stages
     yield _CACHE["stages"]
     _CACHE["stages"].asr_worker.stop()  # idempotent; no inference left running at interpreter exit
+
+
+async def whip_offer() -> str:
+    """A real aiortc offer as a WHIP client sends it: sendrecv audio and video, DataChannel `events`."""
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    pc.createDataChannel("events")
+    pc.addTransceiver("audio", direction="sendrecv")
+    pc.addTransceiver("video", direction="sendrecv")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp

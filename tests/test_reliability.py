@@ -21,7 +21,7 @@ import numpy as np
 from app.peer import WhipPeer
 from app.reliability import ResourceSnapshot, own_threads, settle, snapshot
 from app.server import ServerConfig, create_app, running_server
-from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
+from tests.live_fixtures import live_stages, whip_offer  # noqa: F401 - shared session fixture
 
 
 def _vanish(peer: WhipPeer) -> int:
@@ -169,23 +169,10 @@ async def test_lossy_jittery_link_keeps_the_session_bounded(live_stages, av_clip
         await peer.close()
 
 
-async def _offer() -> str:
-    from aiortc import RTCPeerConnection
-
-    pc = RTCPeerConnection()
-    pc.createDataChannel("events")
-    pc.addTransceiver("audio", direction="sendrecv")
-    pc.addTransceiver("video", direction="sendrecv")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
-
-
 async def test_unnegotiable_offers_are_400_and_leave_nothing_behind():
     import re
 
-    sdp = await _offer()
+    sdp = await whip_offer()
     app = create_app(ServerConfig(ui=False, stages=()))
     async with running_server(app) as base, httpx.AsyncClient(base_url=base) as c:
         before = await settle(app)
@@ -206,7 +193,7 @@ async def test_unnegotiable_offers_are_400_and_leave_nothing_behind():
 
 async def test_origin_check():
     """Same origin, listed origins and clients without Origin pass; any other page is refused."""
-    sdp = await _offer()
+    sdp = await whip_offer()
     app = create_app(ServerConfig(ui=False, stages=(), allowed_origins=("https://app.example",)))
     async with running_server(app) as base, httpx.AsyncClient(base_url=base) as c:
         for origin, status in ((None, 201), ("https://app.example", 201), (base, 201),

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.server import ServerConfig, create_app, running_server
+from tests.live_fixtures import whip_offer
 
 TOKEN = "fuzz-token"
 ALLOWED = {200, 201, 204, 400, 401, 403, 404, 405, 413, 415, 422, 503}
@@ -80,19 +81,7 @@ class ServerThread:
 
 @pytest.fixture(scope="module")
 def offer() -> str:
-    from aiortc import RTCPeerConnection
-
-    async def make() -> str:
-        pc = RTCPeerConnection()
-        pc.createDataChannel("events")
-        pc.addTransceiver("audio", direction="sendrecv")
-        pc.addTransceiver("video", direction="sendrecv")
-        await pc.setLocalDescription(await pc.createOffer())
-        sdp = pc.localDescription.sdp
-        await pc.close()
-        return sdp
-
-    return asyncio.run(make())
+    return asyncio.run(whip_offer())
 
 
 @pytest.fixture(scope="module")
