@@ -718,9 +718,12 @@ class StreamingASR:
         self._buf.trim_before(end)
         return events
 
-    def _decode(self, audio_end: float) -> list[DecodedWord]:
-        """Decode the window up to ``audio_end``; return the words after the committed ones."""
+    def _decode(self, audio_end: float, extra_silence_s: float = 0.0) -> list[DecodedWord]:
+        """Decode the window up to ``audio_end`` (plus ``extra_silence_s`` of zeros); return the words
+        after the committed ones."""
         audio = self._buf.slice(self._win_start, audio_end)
+        if extra_silence_s > 0:
+            audio = np.concatenate([audio, np.zeros(int(extra_silence_s * SAMPLE_RATE), np.float32)])
         # Punctuation is left out of the forced prefix: a forced full stop invites end-of-text.
         prefix = [_bare(w.raw) for w in self._committed]
         t = time.perf_counter()
@@ -789,7 +792,9 @@ class StreamingASR:
         Words that start after the VAD end of speech are the model talking over silence: dropped.
         """
         if audio_end - self._decoded_until > 0.05 or not self._hyp:
-            pending = self._decode(audio_end)
+            # tiny.en now and then ends the text at once for one particular context length (the
+            # same words come back with a little more silence): retry once, then keep what was heard.
+            pending = self._decode(audio_end) or self._decode(audio_end, extra_silence_s=0.3) or self._hyp
         else:
             pending = self._hyp
         limit = speech_end - self._win_start

@@ -225,3 +225,22 @@ def test_draft_is_only_a_speed_hint(whisper_model, speech):
 def test_worker_lanes_are_validated(whisper_model):
     with pytest.raises(ValueError):
         ASRWorker(model=whisper_model, lanes=0, autostart=False)
+
+
+def test_any_chunking_of_an_utterance_yields_its_words(whisper_model):
+    """However the worker batches a session's audio (one big feed after a backlog, or many small
+    ones), the utterance's words come out final. Regression: an empty final decode for one
+    particular window length (tiny.en ends the text at once) used to erase every word."""
+    b = testmedia.synthesize_speech("call me at noon", lead_in_s=0.3, voice="en-GB-x-rp")
+    audio = np.concatenate([b.samples, np.zeros(int(0.6 * SAMPLE_RATE), np.float32)])
+    for seed in (38, 0, 1, 2, 3, 4):
+        rng = np.random.default_rng(seed)
+        asr, events, i = StreamingASR(model=whisper_model), [], 0
+        while i < len(audio):
+            n = int(rng.integers(1, 80)) * 320
+            events += asr.feed(AudioChunk(i / SAMPLE_RATE, audio[i : i + n]))
+            i += n
+        events += asr.flush()
+        finals = [e for e in events if isinstance(e, WordToken) and e.final]
+        assert _hits(finals, b) >= len(b.words) - 1, (seed, [e.text for e in finals])
+        assert isinstance(events[-1], UtteranceEnd) and events[-1].text
