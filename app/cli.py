@@ -42,6 +42,9 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from app.reliability import bound_native_memory
+
+    bound_native_memory()  # before models load and codec threads start
     from app.server import ServerConfig, serve
 
     config = ServerConfig(

@@ -64,7 +64,9 @@ def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:
     """Child process: the real server (all models warmed) plus the debug route; port → port_file."""
     import logging
 
-    from app.reliability import install_debug_route
+    from app.reliability import bound_native_memory, install_debug_route
+
+    bound_native_memory()  # as `synchrony serve` does
     from app.server import ServerConfig, create_app, running_server
 
     logging.basicConfig(level=logging.WARNING, format="server %(levelname)s %(name)s: %(message)s")
@@ -204,6 +206,7 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str,
     before = await settled(base)
     times: list[float] = []
     failures: list[str] = []
+    checkpoints: list[tuple[int, float]] = [(0, before["rss_mb"])]
     done = 0
     t0 = time.monotonic()
     while done < n:
@@ -215,11 +218,13 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str,
             else:
                 times.append(r)
         done += batch
-        if done % 20 < parallel:
-            r = await resources(base)
-            print(f"  cycles {done}/{n}: server RSS {r['rss_mb']:.1f} MB, threads {r['threads']}, "
+        if done % 20 < parallel and done < n:
+            r = await settled(base, before)  # idle, like ``before``: a leak shows as a rising series
+            checkpoints.append((done, r["rss_mb"]))
+            print(f"  cycles {done}/{n}: idle server RSS {r['rss_mb']:.1f} MB, threads {r['threads']}, "
                   f"tasks {r['tasks']}, {time.monotonic() - t0:.0f} s", flush=True)
     after = await settled(base, before)
+    checkpoints.append((n, after["rss_mb"]))
     growth = after["rss_mb"] - before["rss_mb"]
     held = after["rss_trimmed_mb"] - before["rss_trimmed_mb"]
     leaks = {k: after[k] - before[k] for k in ("tasks", "fds", "sessions", "asr_streams")}
@@ -230,6 +235,7 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str,
     return {"ok": ok, "cycles": n, "parallel": parallel, "failures": failures[:10], "n_failures": len(failures),
             "rss_before_mb": before["rss_mb"], "rss_after_mb": after["rss_mb"], "rss_growth_mb": round(growth, 2),
             "rss_growth_after_trim_mb": round(held, 2),
+            "rss_checkpoints_mb": checkpoints,
             "leaked": leaks, "new_threads": new_threads,
             "cycle_s_p50": round(times[len(times) // 2], 2) if times else None,
             "wall_s": round(time.monotonic() - t0, 1)}

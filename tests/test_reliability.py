@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 import time
 
 import httpx
@@ -209,3 +212,16 @@ async def test_origin_check():
             foreign = await c.delete(resp.headers["Location"], headers={"Origin": "https://evil.example"})
             assert foreign.status_code == 403
             assert (await c.delete(resp.headers["Location"], headers=headers)).status_code == 200
+
+
+def test_serve_bounds_native_memory_pools_before_starting():
+    """What `synchrony serve` calls first: glibc accepts the arena cap and oneDNN's cache gets a
+    bound unless the environment already set one (run in a child so this process is untouched)."""
+    code = ("import os; from app.reliability import bound_native_memory; "
+            "print(bound_native_memory(), os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["True", "64"]
+    env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "512"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["True", "512"]
