@@ -1,17 +1,26 @@
-"""A video jitter buffer that releases a frame at its RTP marker bit.
+"""Jitter buffers for the server's receivers: video frames at their marker bit, audio without lag.
 
-aiortc's ``JitterBuffer`` only knows a video frame is complete when the first packet of the *next*
+Video: aiortc's ``JitterBuffer`` only knows a video frame is complete when the first packet of the *next*
 frame arrives, which adds one frame interval (40 ms at 25 fps) to every camera frame before it is
 decoded. Senders set the RTP marker bit on the last packet of each frame (RFC 3550; VP8 and H.264
 payload formats), so a contiguous run of packets with one timestamp that ends in a marker is a
 whole frame. Without a marker (lost or a sender that omits it) the base behaviour applies.
+
+Audio: aiortc's audio buffer (capacity 16, prefetch 4) hands a packet to the decoder only once four
+later ones have arrived — 80 ms on every word — and on a lost packet it stalls until 16 later
+packets have arrived, then keeps that 300 ms backlog for the rest of the session, since it releases
+one packet per packet received. Every Opus RTP packet is a whole frame (RFC 7587), so
+:class:`AudioJitterBuffer` releases packets in order as they arrive, waits for a missing one only
+while at most ``max_wait`` later packets have come (reordering), then skips it: the ASR hears a
+short silence instead of everything late.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.jitterbuffer import MAX_MISORDER, JitterBuffer, JitterFrame
+from aiortc.utils import uint16_add
 
 
 class MarkerJitterBuffer(JitterBuffer):
@@ -38,11 +47,68 @@ class MarkerJitterBuffer(JitterBuffer):
         return super()._remove_frame(sequence_number)
 
 
+class AudioJitterBuffer(JitterBuffer):
+    """In-order audio packets at once; a missing one waited for over at most ``max_wait`` later ones.
+
+    One packet leaves per packet received (aiortc's receiver takes one frame per ``add``), so a
+    wait leaves a backlog of at most ``max_wait`` packets (40 ms at 20 ms packets) until the stream
+    pauses; it never grows past that.
+    """
+
+    def __init__(self, capacity: int = 16, max_wait: int = 2) -> None:
+        super().__init__(capacity=capacity)
+        if not 0 <= max_wait < capacity:
+            raise ValueError(f"max_wait must be in [0, {capacity})")
+        self.max_wait = max_wait
+
+    def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+        seq = packet.sequence_number
+        if self._origin is None:
+            self._origin = seq
+        delta = uint16_add(seq, -self._origin)
+        behind = uint16_add(self._origin, -seq)
+        if behind < delta:  # older than the next packet due
+            if behind < MAX_MISORDER:
+                return False, None  # too late: already skipped or played
+            self.remove(self.capacity)  # the sender restarted its sequence
+            self._origin, delta = seq, 0
+        if delta >= self.capacity:
+            self.remove(min(delta - self.capacity + 1, self.capacity))
+            delta = self.capacity - 1
+            self._origin = uint16_add(seq, -delta)
+        self._packets[seq % self._capacity] = packet
+        return False, self._release()
+
+    def _newest(self) -> int:
+        """Offset from the origin of the newest packet held (-1: none)."""
+        return max((k for k in range(self.capacity) if self._packets[(self._origin + k) % self._capacity]),
+                   default=-1)
+
+    def _release(self) -> JitterFrame | None:
+        """The packet at the origin, or past a gap that ``max_wait`` later packets have outwaited."""
+        newest = self._newest()
+        for k in range(self.capacity):
+            packet = self._packets[(self._origin + k) % self._capacity]
+            if packet is not None:
+                if k and newest - k + 1 <= self.max_wait:
+                    return None  # a gap before it, not waited for long enough
+                self.remove(k + 1)
+                return JitterFrame(data=packet._data, timestamp=packet.timestamp)
+        return None
+
+
 def install(receiver: Any) -> bool:
-    """Swap a video ``RTCRtpReceiver``'s jitter buffer (before packets arrive); False if not possible."""
+    """Swap an ``RTCRtpReceiver``'s jitter buffer for the one above of its kind (before packets
+    arrive); False if not possible."""
     name = "_RTCRtpReceiver__jitter_buffer"
     current = getattr(receiver, name, None)
-    if not isinstance(current, JitterBuffer) or getattr(receiver, "_RTCRtpReceiver__kind", "") != "video":
+    if not isinstance(current, JitterBuffer):
         return False
-    setattr(receiver, name, MarkerJitterBuffer(current.capacity))
+    kind = getattr(receiver, "_RTCRtpReceiver__kind", "")
+    if kind == "video":
+        setattr(receiver, name, MarkerJitterBuffer(current.capacity))
+    elif kind == "audio":
+        setattr(receiver, name, AudioJitterBuffer(current.capacity))
+    else:
+        return False
     return True

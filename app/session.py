@@ -203,12 +203,11 @@ class Session:
         rate = _VIDEO_CLOCK if track.kind == "video" else 48_000
         tclock = self.clock.track(track.kind, rate)
         if receiver is not None:
-            _hook_receiver(receiver, tclock)
-        if track.kind == "video":
-            if receiver is not None:
-                from app.jitter import install
+            from app.jitter import install
 
-                install(receiver)  # frames leave the jitter buffer at their marker bit (−1 frame of latency)
+            _hook_receiver(receiver, tclock)
+            install(receiver)  # video at its marker bit, audio without aiortc's 80 ms prefetch (app/jitter.py)
+        if track.kind == "video":
             self._spawn(self._read_video(track, tclock, receiver), "video-in")
             if self.stages.make_faces is not None and self._au_thread is None:
                 self._au_thread = threading.Thread(target=self._au_worker, name=f"au-{self.id}", daemon=True)
