@@ -13,6 +13,7 @@ import gc
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,6 +44,43 @@ class ResourceSnapshot:
         d = asdict(self)
         d["thread_names"] = list(self.thread_names)
         return d
+
+
+class LoopLag:
+    """How late an event loop wakes a timer: every real-time job on that loop (RTP, SCTP, ICE) waits as long.
+
+    aioice gives each ICE consent check 0.5 s and closes the connection after six failed checks in a
+    row, so sustained stalls end sessions even on a clean link; this makes them visible first.
+    """
+
+    def __init__(self, window_s: float = 10.0, stall_s: float = 0.25) -> None:
+        self.window_s = window_s
+        self.stall_s = stall_s
+        self.stalls = 0  # wake-ups later than stall_s, since start
+        self._worst: deque[tuple[float, float]] = deque()  # (wall, lag), lags decreasing: [0] is the max
+
+    def max_s(self, now: float | None = None) -> float:
+        """Longest stall in the last ``window_s`` seconds."""
+        now = time.monotonic() if now is None else now
+        while self._worst and now - self._worst[0][0] > self.window_s:
+            self._worst.popleft()
+        return self._worst[0][1] if self._worst else 0.0
+
+    def record(self, lag_s: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if lag_s > self.stall_s:
+            self.stalls += 1
+        while self._worst and self._worst[-1][1] <= lag_s:
+            self._worst.pop()
+        self._worst.append((now, lag_s))
+
+    async def watch(self, period_s: float = 0.1) -> None:
+        """Sample the running loop until cancelled."""
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            self.record(max(now - t0 - period_s, 0.0), now)
 
 
 def rss_mb() -> float:

@@ -317,7 +317,9 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loop_watch = asyncio.create_task(metrics.loop_lag.watch(), name="event-loop-lag")
         yield
+        loop_watch.cancel()
         await asyncio.gather(*(s.close("server shutdown") for s in list(sessions.values())),
                              return_exceptions=True)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from app.reliability import LoopLag
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 
 
@@ -42,6 +44,11 @@ class ServerMetrics:
         self.cold_start = Gauge("synchrony_cold_start_seconds", "warm-up time per model and phase",
                                 ["model", "phase"], registry=r)
         self.ready = Gauge("synchrony_ready", "1 once every model is loaded and has run once", registry=r)
+        self.loop_lag = LoopLag()
+        Gauge("synchrony_event_loop_lag_max_seconds", "longest event-loop stall in the last 10 s",
+              registry=r).set_function(self.loop_lag.max_s)
+        Gauge("synchrony_event_loop_stall_count", "event-loop stalls over 0.25 s since start",
+              registry=r).set_function(lambda: self.loop_lag.stalls)
         self._checks = 0
         self._passed = 0
 

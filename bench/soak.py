@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from app import testmedia  # noqa: E402
 from app.peer import WhipError, WhipPeer  # noqa: E402
+from app.reliability import LoopLag  # noqa: E402
 
 RSS_GROWTH_MB = 20.0
 REAP_SLACK_S = 3.0
@@ -293,6 +294,8 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
     t0 = time.monotonic()
     end = t0 + minutes * 60
     lost: list[str] = []
+    client_lag = LoopLag(window_s=interval)
+    lag_watch = asyncio.create_task(client_lag.watch())
     try:
         while True:
             now = time.monotonic()
@@ -316,12 +319,17 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
                             "channel_buffered": r["channel_buffered"],
                             "drops": _select(m, "synchrony_drops_total"), "events": events, "frames": frames,
                             "per_session": per_session,
+                            "loop_lag_s": {"server": round(m.get("synchrony_event_loop_lag_max_seconds", -1.0), 3),
+                                           "client": round(client_lag.max_s(), 3)},
+                            "loop_stalls": {"server": m.get("synchrony_event_loop_stall_count", -1.0),
+                                            "client": client_lag.stalls},
                             "server_alive": True})
             s = samples[-1]
             print(f"  soak {s['t_s']:6.0f} s: RSS {s['rss_mb']:.1f} MB, sessions {s['sessions']}, ASR queue "
                   f"{s['asr_queued_s']:.2f} s, camera {s['camera_frames']}, tokens {s['tokens_held']}, "
                   f"events {events}, frames {frames}, drops {sum(s['drops'].values()):.0f}; per session "
-                  f"{[(x['frames_received'], x['frames_sent']) for x in per_session]}", flush=True)
+                  f"{[(x['frames_received'], x['frames_sent']) for x in per_session]}; loop lag max "
+                  f"server {s['loop_lag_s']['server']:.2f} s, client {s['loop_lag_s']['client']:.2f} s", flush=True)
             for p in live:
                 if p.pc.connectionState in ("failed", "closed") and p.session_id not in lost:
                     lost.append(str(p.session_id))
@@ -329,6 +337,7 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
                 break
             await asyncio.sleep(min(interval, max(end - time.monotonic(), 0.0)))
     finally:
+        lag_watch.cancel()
         for p in live:
             await p.close()
     m = await metrics(base)
@@ -359,6 +368,8 @@ def _soak_verdict(samples: list[dict[str, Any]], m: dict[str, float], lost: list
             "samples": len(samples), "rss_first_mb": samples[0]["rss_mb"], "rss_last_mb": samples[-1]["rss_mb"],
             "rss_max_mb": max(s["rss_mb"] for s in samples), "rss_growth_second_half_mb": round(rss_growth, 2),
             "queues": queues, "drops": samples[-1]["drops"], "sessions_lost": lost, "ended": ended,
+            "loop_lag_max_s": {side: max(s["loop_lag_s"][side] for s in samples) for side in ("server", "client")},
+            "loop_stalls": samples[-1]["loop_stalls"],
             "stage_errors": errors, "events_flowing_at_end": flowing, "timeline": samples}
 
 
@@ -416,7 +427,8 @@ def report(out: dict[str, Any], command: str) -> bool:
               f"{s['rss_last_mb']} MB (max {s['rss_max_mb']}, second-half growth {s['rss_growth_second_half_mb']} MB, "
               f"target ≤ {RSS_GROWTH_MB}); growing queues {grows or 'none'}; sessions lost {s['sessions_lost']}; "
               f"stage errors {s['stage_errors'] or 'none'}; drops {s['drops']}; "
-              f"events flowing {s['events_flowing_at_end']}")
+              f"events flowing {s['events_flowing_at_end']}; event-loop lag max {s['loop_lag_max_s']} s, "
+              f"stalls > 0.25 s {s['loop_stalls']}")
         for q, v in s["queues"].items():
             print(f"          {q}: first-half max {v['first_half_max']}, second-half max {v['second_half_max']} "
                   f"(limit {v['limit']})")

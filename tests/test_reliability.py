@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ import httpx
 import numpy as np
 
 from app.peer import WhipPeer
-from app.reliability import ResourceSnapshot, own_threads, settle, snapshot
+from app.reliability import LoopLag, ResourceSnapshot, own_threads, settle, snapshot
 from app.server import ServerConfig, create_app, running_server
 from tests.live_fixtures import live_stages, whip_offer  # noqa: F401 - shared session fixture
 
@@ -167,7 +168,8 @@ async def test_lossy_jittery_link_keeps_the_session_bounded(live_stages, av_clip
         assert events == sorted(events) and events[-1] > events[len(events) // 2]  # still flowing
         assert max(s.asr_queued_s for s in samples) <= 5.1 and max(s.camera_frames for s in samples) <= 64
         assert max(s.tokens_held for s in samples) <= 400 and max(s.channel_buffered for s in samples) <= 1 << 20
-        assert max(s.tasks for s in samples[4:]) <= max(s.tasks for s in samples[:4]) + 2
+        # Transient tasks (a close, a send) come and go; a leak keeps the count up through the second half.
+        assert statistics.median(s.tasks for s in samples[4:]) <= max(s.tasks for s in samples[:4]) + 2
         assert not app.state.sessions[peer.session_id].degraded
         await peer.close()
 
@@ -225,3 +227,26 @@ def test_serve_bounds_native_memory_pools_before_starting():
     env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "512"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["True", "512"]
+
+
+def test_loop_lag_keeps_the_window_maximum():
+    lag = LoopLag(window_s=10.0, stall_s=0.25)
+    lag.record(0.05, now=100.0)
+    lag.record(0.40, now=101.0)
+    lag.record(0.10, now=102.0)
+    assert lag.stalls == 1 and lag.max_s(now=102.0) == 0.40
+    lag.record(0.02, now=111.5)
+    assert lag.max_s(now=111.5) == 0.10  # 0.40 (t=101) has left the 10-s window; 0.10 (t=102) has not
+    assert lag.max_s(now=112.5) == 0.02
+    assert LoopLag().max_s() == 0.0
+
+
+async def test_a_blocked_event_loop_shows_on_the_metrics():
+    app = create_app(ServerConfig(ui=False, warmup=False))
+    async with running_server(app) as base:
+        await asyncio.sleep(0.3)
+        time.sleep(0.4)  # a CPU-bound call on the loop, the bug this gauge exists to catch
+        await asyncio.sleep(0.2)
+        lag = float((await _metric(base, "synchrony_event_loop_lag_max_seconds")).split()[-1])
+        stalls = float((await _metric(base, "synchrony_event_loop_stall_count")).split()[-1])
+    assert 0.3 <= lag < 2.0 and stalls >= 1
