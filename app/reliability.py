@@ -115,7 +115,7 @@ def _libc() -> Any:
     return _LIBC
 
 
-def bound_native_memory(arenas: int = 2, onednn_cache: int = 64) -> bool:
+def bound_native_memory(arenas: int = 2, onednn_cache: int = 256) -> bool:
     """Bound two native memory pools that grew with the number of sessions served; call it before
     the server loads models or starts threads (``synchrony serve`` does). Returns False where glibc
     is not there (the arena cap then does nothing).
@@ -126,7 +126,8 @@ def bound_native_memory(arenas: int = 2, onednn_cache: int = 64) -> bool:
       ``MALLOC_ARENA_MAX=2``): 110 MB lower baseline and flat after warm-up.
     * oneDNN caches a compiled primitive per input shape (default 1024 of them); Whisper's encoder
       runs on audio windows of ever-new lengths, so that cache filled session after session.
-      Building a conv primitive costs well under a millisecond next to an ~80 ms decode.
+      256 entries cost no measurable ASR CPU (bench/asr_stream.py, CPU RTF 0.485–0.506 vs 0.484–0.521
+      at the default); 64 cost 8–15 % (0.548–0.562), rebuilding primitives it had evicted.
 
     bench/soak.py, idle server RSS over connect/disconnect cycles after 3 warm ones: +46 MB after
     80 cycles with neither bound; +21.5 MB with the arena cap alone (flat after 40); +10 MB with both.
