@@ -83,6 +83,23 @@ class LoopLag:
             self.record(max(now - t0 - period_s, 0.0), now)
 
 
+def lower_thread_priority(nice: int) -> bool:
+    """Raise the calling thread's nice value by ``nice``; threads it starts from now on inherit it.
+
+    On Linux nice is per thread. A session's face analysis is latest-wins (it skips frames it had no
+    time for), the ASR and the event loop are not: when the cores are short, the kernel should take
+    from the former. False where the platform has no per-thread priority.
+    """
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return False
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except OSError:
+        return False
+    return True
+
+
 def rss_mb() -> float:
     """Resident set size of this process in MB (from /proc, no dependency)."""
     try:

@@ -39,6 +39,7 @@ from aiortc.mediastreams import MediaStreamError
 from alignment.clock import SenderReport, SessionClock, TrackClock, ntp_to_seconds
 from alignment.frames import FPS, TOLERANCE_S, frame_pts, frames_for_time
 from alignment.types import SAMPLE_RATE, AudioChunk, AUSample, LoadEstimate, VideoFrame, WordToken
+from app.reliability import lower_thread_priority
 from app.server_metrics import ServerMetrics
 
 log = logging.getLogger("synchrony.session")
@@ -59,6 +60,7 @@ class SessionConfig:
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
     au_max_fps: float = 30.0
+    au_nice: int = 5  # face analysis yields the CPU to ASR and the event loop (CFS weight ≈ 1/3)
 
 
 @dataclass
@@ -287,6 +289,7 @@ class Session:
 
     def _au_worker(self) -> None:
         """Worker thread: latest camera frame → AUs (MediaPipe) → controller; results to the loop."""
+        lower_thread_priority(self.config.au_nice)  # before make_faces, so MediaPipe's threads inherit it
         try:
             faces = self.stages.make_faces()  # type: ignore[misc]
             controller = self.stages.make_controller() if self.stages.make_controller else None

@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 
 from app.peer import WhipPeer
-from app.reliability import LoopLag, ResourceSnapshot, own_threads, settle, snapshot
+from app.reliability import LoopLag, ResourceSnapshot, lower_thread_priority, own_threads, settle, snapshot
 from app.server import ServerConfig, create_app, running_server
 from tests.live_fixtures import live_stages, whip_offer  # noqa: F401 - shared session fixture
 
@@ -250,3 +250,28 @@ async def test_a_blocked_event_loop_shows_on_the_metrics():
         lag = float((await _metric(base, "synchrony_event_loop_lag_max_seconds")).split()[-1])
         stalls = float((await _metric(base, "synchrony_event_loop_stall_count")).split()[-1])
     assert 0.3 <= lag < 2.0 and stalls >= 1
+
+
+def test_lowered_thread_priority_is_per_thread_and_inherited():
+    """The AU worker's call: its own nice value and its children's go up, the caller's does not."""
+    import threading
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: dict[str, int] = {}
+
+    def child() -> None:
+        seen["child"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def worker() -> None:
+        assert lower_thread_priority(5)
+        seen["worker"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        t = threading.Thread(target=child)
+        t.start()
+        t.join()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == {"worker": min(base + 5, 19), "child": min(base + 5, 19)}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    assert not lower_thread_priority(0)
