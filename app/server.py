@@ -281,6 +281,9 @@ def _reclaim_soon(loop: asyncio.AbstractEventLoop) -> None:
 
 def create_app(config: ServerConfig | None = None, stages: Stages | None = None) -> FastAPI:
     """The FastAPI app; pass pre-warmed ``stages`` to share loaded models between apps (tests)."""
+    from app.ice import patient_consent
+
+    patient_consent()  # a loaded server answers consent checks late; RFC 7675 allows 30 s, aioice 3 s
     config = config or ServerConfig()
     metrics = ServerMetrics()
     state = WarmState()

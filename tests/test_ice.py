@@ -1,10 +1,18 @@
-"""ICE host candidates: a loopback server or peer offers 127.0.0.1 only."""
+"""ICE host candidates (a loopback server or peer offers 127.0.0.1 only) and consent expiry."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import Any
+
+import aioice
+import aioice.ice
+import aioice.stun
 from aiortc import RTCPeerConnection
 
-from app.ice import is_loopback_host, is_loopback_url, loopback_candidates
+import app.ice
+from app.ice import is_loopback_host, is_loopback_url, loopback_candidates, patient_consent
 
 
 def _candidate_addresses(sdp: str) -> set[str]:
@@ -32,3 +40,61 @@ def test_loopback_detection():
     assert is_loopback_host("127.0.0.1") and is_loopback_host("localhost") and is_loopback_host("::1")
     assert not is_loopback_host("192.0.2.1") and not is_loopback_host("") and not is_loopback_host(None)
     assert is_loopback_url("http://127.0.0.1:8000/whip") and not is_loopback_url("http://10.1.2.3/whip")
+
+
+async def _connected_pair(answer_delay_s: float | None) -> tuple[Any, Any]:
+    """Two aioice connections on loopback; ``b`` answers STUN requests ``answer_delay_s`` late
+    (None: never), as a server whose receive queue is that deep would."""
+    a, b = aioice.Connection(ice_controlling=True), aioice.Connection(ice_controlling=False)
+    for conn in (a, b):
+        await conn.gather_candidates()
+    for here, there in ((a, b), (b, a)):
+        here.remote_username, here.remote_password = there.local_username, there.local_password
+        for cand in there.local_candidates:
+            await here.add_remote_candidate(cand)
+        await here.add_remote_candidate(None)
+    await asyncio.gather(a.connect(), b.connect())
+    loop = asyncio.get_running_loop()
+    for proto in b._protocols:
+        send = proto.send_stun
+
+        def late(message: Any, addr: Any, send: Any = send) -> None:
+            if message.message_class != aioice.stun.Class.RESPONSE:
+                send(message, addr)
+            elif answer_delay_s is not None:
+                loop.call_later(answer_delay_s, send, message, addr)
+
+        proto.send_stun = late
+    return a, b
+
+
+async def _closed_within(conn: Any, seconds: float) -> bool:
+    t0 = time.monotonic()
+    while not conn._closed and time.monotonic() - t0 < seconds:
+        await asyncio.sleep(0.05)
+    return bool(conn._closed)
+
+
+async def test_consent_tolerates_late_answers_and_still_expires_without_any(monkeypatch):
+    """aioice alone drops a connection whose consent answers take 0.7 s; RFC 7675 expiry keeps it, and
+    still closes one that stopped answering."""
+    monkeypatch.setattr(aioice.ice, "CONSENT_INTERVAL", 0.2)
+    monkeypatch.setattr(app.ice, "CONSENT_EXPIRY_S", 1.5)
+    monkeypatch.setattr(app.ice, "CONSENT_RETRANSMISSIONS", 1)  # a check gives up after 1.5 s
+    try:
+        patient_consent(False)
+        a, b = await _connected_pair(0.7)
+        assert await _closed_within(a, 8.0)  # aioice: six checks in a row not answered within 0.5 s
+        await b.close()
+
+        patient_consent(True)
+        a, b = await _connected_pair(0.7)
+        assert not await _closed_within(a, 5.0)
+        await a.close()
+        await b.close()
+
+        a, b = await _connected_pair(None)
+        assert await _closed_within(a, 6.0)
+        await b.close()
+    finally:
+        patient_consent(False)
