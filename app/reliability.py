@@ -49,8 +49,8 @@ class ResourceSnapshot:
 class LoopLag:
     """How late an event loop wakes a timer: every real-time job on that loop (RTP, SCTP, ICE) waits as long.
 
-    aioice gives each ICE consent check 0.5 s and closes the connection after six failed checks in a
-    row, so sustained stalls end sessions even on a clean link; this makes them visible first.
+    A CPU-bound call on the loop, or a loop starved of the GIL, shows here before it shows as late
+    words, frozen video or ICE consent failures.
     """
 
     def __init__(self, window_s: float = 10.0, stall_s: float = 0.25) -> None:
@@ -146,9 +146,10 @@ def bound_native_memory(arenas: int = 2, onednn_cache: int = 256) -> bool:
       256 entries cost no measurable ASR CPU (bench/asr_stream.py, CPU RTF 0.485–0.506 vs 0.484–0.521
       at the default); 64 cost 8–15 % (0.548–0.562), rebuilding primitives it had evicted.
 
-    bench/soak.py, idle server RSS over connect/disconnect cycles after 3 warm ones: +46 MB after
-    80 cycles with neither bound; +21.5 MB with the arena cap alone (flat after 40); +10 MB with both.
-    An explicit ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` in the environment wins.
+    bench/soak.py, idle server RSS over connect/disconnect cycles: +46 MB after 80 cycles with
+    neither bound; +21.5 MB with the arena cap alone (flat after 40); with both (cache 256, after 10
+    warm cycles) +8.9 MB over 200. An explicit ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` in the environment
+    wins.
     """
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(onednn_cache))
     libc = _libc()

@@ -283,7 +283,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     """The FastAPI app; pass pre-warmed ``stages`` to share loaded models between apps (tests)."""
     from app.ice import patient_consent
 
-    patient_consent()  # a loaded server answers consent checks late; RFC 7675 allows 30 s, aioice 3 s
+    patient_consent()  # RFC 7675 expiry: a loaded server answers consent checks later than aioice waits
     config = config or ServerConfig()
     metrics = ServerMetrics()
     state = WarmState()
