@@ -76,19 +76,18 @@ class AudioJitterBuffer(JitterBuffer):
             self.remove(min(delta - self.capacity + 1, self.capacity))
             delta = self.capacity - 1
             self._origin = uint16_add(seq, -delta)
-        self._packets[seq % self._capacity] = packet
+        self._packets[seq % self.capacity] = packet
         return False, self._release()
 
-    def _newest(self) -> int:
-        """Offset from the origin of the newest packet held (-1: none)."""
-        return max((k for k in range(self.capacity) if self._packets[(self._origin + k) % self._capacity]),
-                   default=-1)
+    def _at(self, k: int) -> Any:
+        """The packet ``k`` places after the origin, or None."""
+        return self._packets[(self._origin + k) % self.capacity]
 
     def _release(self) -> JitterFrame | None:
         """The packet at the origin, or past a gap that ``max_wait`` later packets have outwaited."""
-        newest = self._newest()
+        newest = max((k for k in range(self.capacity) if self._at(k) is not None), default=-1)
         for k in range(self.capacity):
-            packet = self._packets[(self._origin + k) % self._capacity]
+            packet = self._at(k)
             if packet is not None:
                 if k and newest - k + 1 <= self.max_wait:
                     return None  # a gap before it, not waited for long enough
