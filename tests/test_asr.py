@@ -6,6 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
+import torch
 
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
 from app import testmedia
@@ -244,3 +245,51 @@ def test_any_chunking_of_an_utterance_yields_its_words(whisper_model):
         finals = [e for e in events if isinstance(e, WordToken) and e.final]
         assert _hits(finals, b) >= len(b.words) - 1, (seed, [e.text for e in finals])
         assert isinstance(events[-1], UtteranceEnd) and events[-1].text
+
+
+@pytest.mark.parametrize("pause_s", [0.7, 3.0])
+def test_next_utterance_starts_from_the_last_words_without_repeating_them(whisper_model, pause_s):
+    """After a short pause the next window opens on the last utterance's final words (acoustic and
+    text context, forced as the prefix); they must not come out again as the new utterance's
+    words. After a pause longer than ``carry_gap_s`` the window starts afresh."""
+    a = testmedia.synthesize_speech("please send the report", lead_in_s=0.3)
+    b = testmedia.synthesize_speech("call me at noon", lead_in_s=pause_s)
+    audio = np.concatenate([a.samples, b.samples, np.zeros(int(0.6 * SAMPLE_RATE), np.float32)])
+    asr = StreamingASR(model=whisper_model)
+    assert (pause_s <= asr.config.carry_gap_s) == (pause_s == 0.7)
+    prefixes: list[tuple[int, list[str]]] = []  # (utterance, words forced) per decode; the real model decodes
+    transcribe = asr.engine.transcribe
+
+    def recording(audio, prefix=(), prompt="", draft=()):  # noqa: ANN001, ANN202
+        prefixes.append((asr._utt, [normalize_word(w) for w in prefix]))
+        return transcribe(audio, prefix=prefix, prompt=prompt, draft=draft)
+
+    asr.engine = type("Recording", (), {"name": "whisper", "forces_prefix": True,
+                                        "transcribe": staticmethod(recording)})()
+    events = [e for c in _chunks(audio) for e in asr.feed(c)] + asr.flush()
+    carried = next(words for utt, words in prefixes if utt == 1)  # at the second utterance's first decode
+    if pause_s == 0.7:
+        assert carried and carried == [normalize_word(w.text) for w in a.words][-len(carried):]
+    else:
+        assert carried == []
+    second = [e for e in events if isinstance(e, WordToken) and e.final and e.utterance == 1]
+    assert [e.index for e in second] == list(range(len(second)))
+    assert _hits(second, b) >= len(b.words) - 1, [e.text for e in second]
+    said_first = {normalize_word(w.text) for w in a.words}
+    assert not [e.text for e in second if normalize_word(e.text) in said_first]
+    assert all(e.start >= a.duration - 0.1 for e in second)
+
+
+def test_int8_encoder_is_a_separate_copy_that_transcribes_alike(whisper_model, speech):
+    """Streaming uses an int8 copy of the encoder; the model's fp32 encoder (offline) is untouched."""
+    exact = get_engine("whisper", whisper_model)
+    fast = get_engine("whisper", whisper_model, int8_encoder=True)
+    assert fast is not exact and fast.model is exact.model
+    assert exact.encoder is whisper_model.encoder
+    int8_linear = torch.ao.nn.quantized.dynamic.Linear
+    assert any(isinstance(m, int8_linear) for m in fast.encoder.modules())
+    assert not any(isinstance(m, int8_linear) for m in whisper_model.encoder.modules())
+    words_fast = [normalize_word(w.raw) for w in fast.transcribe(speech.samples)]
+    words_exact = [normalize_word(w.raw) for w in exact.transcribe(speech.samples)]
+    assert _hits([WordToken(w, 0, 0, True) for w in words_fast], speech) >= len(speech.words) - 1
+    assert sum(a == b for a, b in zip(words_fast, words_exact, strict=False)) >= len(words_exact) - 1
