@@ -616,7 +616,7 @@ class StreamingConfig:
     lookahead_s: float = 0.2  # refinement may look this far past a word (bounded)
     agreement: int = 2  # LocalAgreement-n
     min_commit_s: float = 0.3  # no finals before the utterance has this much audio (junk guard)
-    right_context_s: float = 0.1  # a word becomes final only with this much audio after it
+    right_context_s: float = 0.05  # a word becomes final only with this much audio after it
     guard_prob: float = 0.5  # an agreed word below this probability ...
     guard_s: float = 0.5  # ... becomes final only with this much audio after it
     stable_s: float | None = None  # also final without agreement: this much audio after it and ...
