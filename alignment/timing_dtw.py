@@ -58,8 +58,26 @@ def _dct_matrix(n_in: int = N_MELS, n_out: int = N_CEPS) -> np.ndarray:
     return m
 
 
+@lru_cache(maxsize=1)
+def single_threaded_blas() -> bool:
+    """Give the process one BLAS thread (once); False where threadpoolctl is missing.
+
+    numpy's OpenBLAS keeps its worker threads spinning for a while after each threaded call. The
+    matmuls here take about a millisecond, yet the spinning after them cost streaming ASR 40 % of
+    a second core (one stream: 8.2 CPU s for 5.7 s wall, 6.2 with one thread). On 2 cores that
+    decode lanes, face analysis and codecs already share, no BLAS call here gains from threads.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return False
+    threadpool_limits(limits=1, user_api="blas")
+    return True
+
+
 def mel_power(samples: np.ndarray) -> np.ndarray:
     """Mel-band power per frame (n_frames, N_MELS); frame j covers samples [j*HOP, j*HOP + WIN)."""
+    single_threaded_blas()
     x = np.asarray(samples, dtype=np.float64)
     if len(x) < WIN:
         return np.zeros((0, N_MELS))

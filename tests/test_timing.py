@@ -196,3 +196,15 @@ def test_bad_input_is_a_clear_error():
         refine_word_times(np.full(SAMPLE_RATE, np.nan, np.float32), 0.0, words)
     with pytest.raises(ValueError, match="lookahead"):
         refine_word_times(np.zeros(SAMPLE_RATE, np.float32), 0.0, words, lookahead_s=-0.1)
+
+
+def test_refinement_leaves_one_blas_thread():
+    """numpy's OpenBLAS workers spin after threaded calls; the refinement's first call caps BLAS at
+    one thread for the process (the spinning cost streaming ASR ~40 % of a second core)."""
+    from threadpoolctl import threadpool_info
+
+    from alignment.timing_dtw import mel_power
+
+    mel_power(np.zeros(4000))
+    blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
+    assert blas and all(lib["num_threads"] == 1 for lib in blas)
