@@ -654,8 +654,7 @@ class StreamingASR:
         self.engine = get_engine(engine, model, int8_encoder=self.config.int8_encoder)
         cfg = self.config
         self._vad = StreamingVAD(VADConfig(threshold=cfg.vad_threshold, min_silence_s=cfg.min_silence_s))
-        self._buf = _AudioBuffer(max(cfg.max_window_s, MAX_WINDOW_S) + cfg.pre_roll_s + cfg.min_silence_s + 3.0
-                                 + cfg.carry_s + cfg.carry_gap_s)
+        self._buf = _AudioBuffer(max(cfg.max_window_s, MAX_WINDOW_S) + cfg.pre_roll_s + cfg.min_silence_s + 3.0)
         self._started = False
         self._pos = 0.0  # pts of the next expected sample
         self._utt = -1
@@ -669,7 +668,11 @@ class StreamingASR:
         self._decoded_until = 0.0
         self._utt_start = 0.0
         self._utt_text: list[str] = []
-        self._carry: list[DecodedWord] = []  # last utterance's final words to carry (session times)
+        # The window may open on carried audio (the last utterance's final words, the pause cut out):
+        # window time t >= _lead is session time _win_start + t; before _lead it is the carry.
+        self._lead = 0.0
+        self._lead_audio = np.zeros(0, np.float32)
+        self._carry: tuple[np.ndarray, list[DecodedWord]] | None = None  # for the next utterance
         self._speech_end = -1e9  # pts where the last utterance's speech ended
         self.decode_count = 0
         self.decode_s = 0.0
@@ -691,7 +694,7 @@ class StreamingASR:
             self._pos = chunk.pts
             self._vad.reset(chunk.pts)
             self._buf.reset(chunk.pts)
-            self._carry = []
+            self._carry = None
         elif gap > 0.5 / SAMPLE_RATE:
             samples = np.concatenate([np.zeros(int(round(gap * SAMPLE_RATE)), np.float32), samples])
         elif gap < -0.5 / SAMPLE_RATE:
@@ -709,12 +712,7 @@ class StreamingASR:
             if self._heard - self._decoded_until >= self.config.step_s - 1e-9:
                 events += self._decode_step()
         else:
-            keep_from = self._buf.end - self.config.pre_roll_s
-            if self._carry and self._buf.end - self._speech_end <= self.config.carry_gap_s:
-                keep_from = min(keep_from, self._carry[0].start)
-            else:
-                self._carry = []
-            self._buf.trim_before(keep_from)
+            self._buf.trim_before(self._buf.end - self.config.pre_roll_s)
         return events
 
     def flush(self) -> list[ASREvent]:
@@ -743,14 +741,15 @@ class StreamingASR:
                 return []
             self._in_utt = True
             self._utt += 1
-            self._win_start = max(ev.pts - cfg.pre_roll_s, self._buf.start)
             self._committed, self._hyp, self._prompt = [], [], ""
-            if self._carry and ev.pts - self._speech_end <= cfg.carry_gap_s and self._carry[0].start >= self._buf.start:
-                # Acoustic and textual context: the last words heard, forced as the prefix.
-                self._win_start = self._carry[0].start
-                self._committed = [replace(w, start=w.start - self._win_start, end=w.end - self._win_start)
-                                   for w in self._carry]
-            self._carry = []
+            self._lead_audio = np.zeros(0, np.float32)
+            if self._carry is not None and ev.pts - self._speech_end <= cfg.carry_gap_s:
+                # Acoustic and textual context: the last words heard (forced as the prefix), then
+                # the pre-roll; the rest of the pause is left out (it costs encoder time only).
+                self._lead_audio, self._committed = self._carry
+            self._carry = None
+            self._lead = self._lead_audio.size / SAMPLE_RATE
+            self._win_start = max(ev.pts - cfg.pre_roll_s, self._buf.start) - self._lead
             self._hyp_history.clear()
             self._n_final = 0
             self._utt_text = []
@@ -765,18 +764,17 @@ class StreamingASR:
         self._in_utt = False
         events.append(UtteranceEnd(end, self._utt, " ".join(self._utt_text)))
         self._speech_end = end
-        if cfg.carry_s > 0 and self._committed:
-            last = self._committed[-1].end
-            words = [w for w in self._committed if w.start >= last - cfg.carry_s] or self._committed[-1:]
-            self._carry = [replace(w, start=w.start + self._win_start, end=w.end + self._win_start) for w in words]
+        self._carry = self._carry_out(audio_end)
         # Only up to the end of speech: a big chunk may already hold the next utterance.
-        self._buf.trim_before(min(end, self._carry[0].start) if self._carry else end)
+        self._buf.trim_before(end)
         return events
 
     def _decode(self, audio_end: float, extra_silence_s: float = 0.0) -> list[DecodedWord]:
         """Decode the window up to ``audio_end`` (plus ``extra_silence_s`` of zeros); return the words
         after the committed ones."""
-        audio = self._buf.slice(self._win_start, audio_end)
+        audio = self._buf.slice(self._win_start + self._lead, audio_end)
+        if self._lead_audio.size:
+            audio = np.concatenate([self._lead_audio, audio])
         if extra_silence_s > 0:
             audio = np.concatenate([audio, np.zeros(int(extra_silence_s * SAMPLE_RATE), np.float32)])
         # Punctuation is left out of the forced prefix: a forced full stop invites end-of-text.
@@ -896,8 +894,24 @@ class StreamingASR:
         self._prompt = (self._prompt + "".join(w.raw for w in words[:k])).strip()[-400:]
         self._committed = [replace(w, start=w.start - shift, end=w.end - shift) for w in words[k:]]
         self._hyp = [replace(w, start=w.start - shift, end=w.end - shift) for w in self._hyp]
+        self._lead_audio = self._lead_audio[min(int(round(shift * SAMPLE_RATE)), self._lead_audio.size) :]
+        self._lead = self._lead_audio.size / SAMPLE_RATE
         self._win_start += shift
-        self._buf.trim_before(self._win_start)
+        self._buf.trim_before(self._win_start + self._lead)
+
+    def _carry_out(self, audio_end: float) -> tuple[np.ndarray, list[DecodedWord]] | None:
+        """The last ``carry_s`` of this utterance's final words, their audio (to 0.1 s past the last
+        one) and their times relative to it: the next utterance's window opens on them."""
+        words = [w for w in self._committed if w.start >= self._lead]  # heard in this utterance
+        if self.config.carry_s <= 0 or not words:
+            return None
+        last = words[-1].end
+        words = [w for w in words if w.start >= last - self.config.carry_s] or words[-1:]
+        a, b = words[0].start, min(last + 0.1, audio_end - self._win_start)
+        audio = self._buf.slice(self._win_start + a, self._win_start + b)
+        if audio.size == 0:
+            return None
+        return audio, [replace(w, start=w.start - a, end=min(w.end - a, b - a)) for w in words]
 
 
 def _bare(raw: str) -> str:
