@@ -293,3 +293,17 @@ def test_int8_encoder_is_a_separate_copy_that_transcribes_alike(whisper_model, s
     words_exact = [normalize_word(w.raw) for w in exact.transcribe(speech.samples)]
     assert _hits([WordToken(w, 0, 0, True) for w in words_fast], speech) >= len(speech.words) - 1
     assert sum(a == b for a, b in zip(words_fast, words_exact, strict=False)) >= len(words_exact) - 1
+
+
+def test_a_repeated_sentence_after_a_short_pause_is_heard_again(whisper_model):
+    """The forced carry makes tiny.en stop when the new speech repeats it (the load test loops one
+    sentence): the fallback decodes the rest, and the carry is dropped for that utterance."""
+    text = "please call me back when you have a moment"
+    a = testmedia.synthesize_speech(text, lead_in_s=0.3)
+    b = testmedia.synthesize_speech(text, lead_in_s=1.0)
+    audio = np.concatenate([a.samples, b.samples, np.zeros(int(0.6 * SAMPLE_RATE), np.float32)])
+    asr = StreamingASR(model=whisper_model)
+    events = [e for c in _chunks(audio) for e in asr.feed(c)] + asr.flush()
+    second = [e for e in events if isinstance(e, WordToken) and e.final and e.utterance == 1]
+    assert _hits(second, b) >= len(b.words) - 1, [e.text for e in second]
+    assert all(e.start >= a.duration - 0.1 for e in second)
