@@ -63,9 +63,10 @@ def single_threaded_blas() -> bool:
     """Give the process one BLAS thread (once); False where threadpoolctl is missing.
 
     numpy's OpenBLAS keeps its worker threads spinning for a while after each threaded call. The
-    matmuls here take about a millisecond, yet the spinning after them cost streaming ASR 40 % of
-    a second core (one stream: 8.2 CPU s for 5.7 s wall, 6.2 with one thread). On 2 cores that
-    decode lanes, face analysis and codecs already share, no BLAS call here gains from threads.
+    matmuls here take about a millisecond, yet the spinning after them cost streaming ASR ~40 % of
+    a second core (one stream, three A/B pairs: 8.9-11.2 CPU s for 6.2-8.2 s wall; with one thread
+    6.6-6.9 CPU s for 6.2-6.6 s). On 2 cores that decode lanes, face analysis and codecs already
+    share, no BLAS call here gains from threads.
     """
     try:
         from threadpoolctl import threadpool_limits
