@@ -671,7 +671,6 @@ class StreamingASR:
         self._utt_text: list[str] = []
         # The window may open on carried audio (the last utterance's final words, the pause cut out):
         # window time t >= _lead is session time _win_start + t; before _lead it is the carry.
-        self._lead = 0.0
         self._lead_audio = np.zeros(0, np.float32)
         self._carry: tuple[np.ndarray, list[DecodedWord]] | None = None  # for the next utterance
         self._speech_end = -1e9  # pts where the last utterance's speech ended
@@ -749,7 +748,6 @@ class StreamingASR:
                 # the pre-roll; the rest of the pause is left out (it costs encoder time only).
                 self._lead_audio, self._committed = self._carry
             self._carry = None
-            self._lead = self._lead_audio.size / SAMPLE_RATE
             self._win_start = max(ev.pts - cfg.pre_roll_s, self._buf.start) - self._lead
             self._hyp_history.clear()
             self._n_final = 0
@@ -799,8 +797,7 @@ class StreamingASR:
                 if len(words) >= 2 and all(w.key in carried for w in words[:2]):
                     # The new speech repeats the carried words, and the forced carry made the
                     # model stop: drop the carry for the rest of this utterance.
-                    shift = self._lead
-                    self._drop_lead()
+                    shift = self._drop_lead()
                     words = [replace(w, start=w.start - shift, end=w.end - shift) for w in words]
         # Words that end before this utterance's speech began re-hear the carried context.
         onset = self._utt_start - self._win_start - 0.05
@@ -906,25 +903,31 @@ class StreamingASR:
         self._committed = [replace(w, start=w.start - shift, end=w.end - shift) for w in words[k:]]
         self._hyp = [replace(w, start=w.start - shift, end=w.end - shift) for w in self._hyp]
         self._lead_audio = self._lead_audio[min(int(round(shift * SAMPLE_RATE)), self._lead_audio.size) :]
-        self._lead = self._lead_audio.size / SAMPLE_RATE
         self._win_start += shift
         self._buf.trim_before(self._win_start + self._lead)
 
-    def _drop_lead(self) -> None:
+    @property
+    def _lead(self) -> float:
+        """Seconds of carried audio at the start of the window."""
+        return self._lead_audio.size / SAMPLE_RATE
+
+    def _drop_lead(self) -> float:
         """Open the window at the pre-roll again, without the carried words and their audio.
 
         tiny.en ends the text right after a forced carried prefix when the new speech repeats
         it (a looped test sentence, a user saying the same thing twice); each decode would then
         need the unprefixed fallback, so the carry goes for the rest of the utterance as soon as
         two final words repeat two carried ones, or a fallback starts with carried words. (Dropped
-        on every fallback instead, it cost 2-4 points of WER on ordinary speech.)
+        on every fallback instead, it cost 2-4 points of WER on ordinary speech.) Returns the
+        shift of window times.
         """
         shift = self._lead
         self._committed = [replace(w, start=w.start - shift, end=w.end - shift)
                            for w in self._committed if w.start >= shift]
         self._hyp = [replace(w, start=w.start - shift, end=w.end - shift) for w in self._hyp]
         self._win_start += shift
-        self._lead, self._lead_audio = 0.0, np.zeros(0, np.float32)
+        self._lead_audio = np.zeros(0, np.float32)
+        return shift
 
     def _repeats_carry(self) -> bool:
         """The last two final words of this utterance are two consecutive carried words."""
