@@ -31,8 +31,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -42,6 +41,7 @@ import torch
 from alignment.timing import refine_word_times
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
 from models.vad import StreamingVAD, VADConfig, VADEvent, speech_segments
+from models.whisper_decoder import DecoderPass
 from models.whisper_loader import load_whisper, mel_for, model_lock
 
 log = logging.getLogger(__name__)
@@ -116,10 +116,12 @@ class Engine(Protocol):
 class WhisperEngine:
     """openai-whisper greedy decoding over the audio present (+0.5 s), DTW word times.
 
-    Decoding is a small greedy loop with a key/value cache rather than ``whisper.decode`` so the
-    per-call set-up (~0.2 s of tokenizer work) is paid once, the committed prefix is fed in one
-    forward pass, only the positions that are sampled are projected onto the vocabulary, and the
-    word DTW reuses the cross-attention of the decode itself (no second decoder pass).
+    Decoding is a small greedy loop over :class:`models.whisper_decoder.DecoderPass` (plain tensor
+    ops, a preallocated key/value cache) rather than ``whisper.decode`` so the per-call set-up
+    (~0.2 s of tokenizer work) is paid once, a one-token step costs no module or hook overhead,
+    the committed prefix is fed in one forward pass, only the positions that are sampled are
+    projected onto the vocabulary, and the word DTW reuses the cross-attention of the decode
+    itself (no second decoder pass).
     """
 
     name = "whisper"
@@ -193,22 +195,6 @@ class WhisperEngine:
             n_keep -= 1
         return words[:n_keep]
 
-    def _hidden(self, tokens: list[int], feats: torch.Tensor, cache: dict) -> torch.Tensor:
-        """Decoder hidden states (after the final layer norm), without the vocabulary projection.
-
-        Whisper's decoder projects every position onto the 51,864-token vocabulary; only the last
-        position (and the start-of-transcript one, for no-speech) is needed here, so the
-        projection is done by the caller where needed — most of a step's cost otherwise.
-        """
-        dec = self.model.decoder
-        first = cache.get(dec.blocks[0].attn.key)
-        offset = first.shape[1] if first is not None else 0
-        x = torch.tensor([tokens])
-        h = dec.token_embedding(x) + dec.positional_embedding[offset : offset + len(tokens)]
-        for block in dec.blocks:
-            h = block(h, feats, mask=dec.mask, kv_cache=cache)
-        return dec.ln(h)[0]
-
     def _approx_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits of ``rows`` from an int8 copy of the embedding (~10x cheaper).
 
@@ -272,56 +258,39 @@ class WhisperEngine:
         budget = min(int(dur * 8) + 8, self.n_text_ctx // 2, self.n_text_ctx - len(tokens) - 1)
         draft = list(draft_tokens)[: max(budget, 0)]
         emb = self.model.decoder.token_embedding.weight
-        dec = self.model.decoder
-        self_kv = [m for block in dec.blocks for m in (block.attn.key, block.attn.value)]
-        n_layers = self.model.dims.n_text_layer
-        qks: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
-        hooks = [
-            block.cross_attn.register_forward_hook(lambda _m, _i, outs, index=i: qks[index].append(outs[-1][0]))
-            for i, block in enumerate(dec.blocks)
-        ]
-        cache, cache_hooks = self.model.install_kv_cache_hooks()
+        state = DecoderPass(self.model.decoder, feats, max_len=len(tokens) + max(budget, 0) + 1)
         out: list[int] = []
         probs: list[float] = []
         sum_lp = 0.0
         n0 = len(tokens)
         no_speech = 0.0
-        try:
-            with _eager_attention():  # so the cross-attention weights come back
-                h = self._hidden(tokens + draft, feats, cache)
-                rows = h[n0 - 1 :]  # hidden states that predict draft[0], ..., draft[-1], the next
-                if not prefix_tokens:  # no-speech is only judged without a prefix
-                    no_speech = float((h[sot_index] @ emb.T).float().softmax(-1)[tok.no_speech])
-                logits = self._approx_logits(rows)
-                hrow, step = rows[0], logits[0]
-                in_draft = True
-                for i in range(max(budget, 0)):
-                    nxt, lp, p_spelled = self._pick(hrow, step, blank=i == 0 and not prefix_tokens)
-                    if nxt == tok.eot:
-                        break
-                    sum_lp += lp
-                    out.append(nxt)
-                    probs.append(p_spelled)
-                    keep = _loop_cut(prefix_tokens + out) - len(prefix_tokens)  # repeats of the prefix too
-                    if keep < len(out):
-                        del out[max(keep, 0) :], probs[max(keep, 0) :]
-                        break
-                    if in_draft and i < len(draft) and nxt == draft[i]:
-                        hrow, step = rows[i + 1], logits[i + 1]  # already computed in the batched pass
-                        continue
-                    if in_draft:  # leave the draft: forget what was fed past the accepted tokens
-                        in_draft = False
-                        valid = n0 + i
-                        for m in self_kv:
-                            cache[m] = cache[m][:, :valid]
-                        for k in range(n_layers):
-                            qks[k] = [torch.cat(qks[k], dim=1)[:, :valid]]
-                    hrow = self._hidden([nxt], feats, cache)[-1]
-                    step = self._approx_logits(hrow[None])[0]
-        finally:
-            for hk in hooks + cache_hooks:
-                hk.remove()
-        layers = [torch.cat(rows, dim=1) for rows in qks]  # each (heads, fed positions, frames)
+        h = state.feed(tokens + draft)
+        rows = h[n0 - 1 :]  # hidden states that predict draft[0], ..., draft[-1], the next
+        if not prefix_tokens:  # no-speech is only judged without a prefix
+            no_speech = float((h[sot_index] @ emb.T).float().softmax(-1)[tok.no_speech])
+        logits = self._approx_logits(rows)
+        hrow, step = rows[0], logits[0]
+        in_draft = True
+        for i in range(max(budget, 0)):
+            nxt, lp, p_spelled = self._pick(hrow, step, blank=i == 0 and not prefix_tokens)
+            if nxt == tok.eot:
+                break
+            sum_lp += lp
+            out.append(nxt)
+            probs.append(p_spelled)
+            keep = _loop_cut(prefix_tokens + out) - len(prefix_tokens)  # repeats of the prefix too
+            if keep < len(out):
+                del out[max(keep, 0) :], probs[max(keep, 0) :]
+                break
+            if in_draft and i < len(draft) and nxt == draft[i]:
+                hrow, step = rows[i + 1], logits[i + 1]  # already computed in the batched pass
+                continue
+            if in_draft:  # leave the draft: forget what was fed past the accepted tokens
+                in_draft = False
+                state.truncate(n0 + i)
+            hrow = state.feed([nxt])[-1]
+            step = self._approx_logits(hrow[None])[0]
+        layers = state.cross_attention()  # each (heads, fed positions, frames)
         text = prefix_tokens + out
         token_probs = [1.0] * len(prefix_tokens) + probs
         return text, token_probs, layers, len(initial) - 1, no_speech, sum_lp / max(len(out), 1)
@@ -361,33 +330,6 @@ class WhisperEngine:
             for t in timings
             if t.word and normalize_word(t.word)
         ]
-
-
-_EAGER_LOCK = threading.Lock()
-_EAGER_USERS = 0
-
-
-@contextmanager
-def _eager_attention() -> Iterator[None]:
-    """whisper's ``disable_sdpa`` for concurrent decoders: the switch is one class attribute, so
-    it is turned off while any decode here needs it and restored when the last one ends (eager
-    and SDPA attention compute the same values, so an encoder running meanwhile is unaffected
-    beyond float rounding)."""
-    from whisper.model import MultiHeadAttention
-
-    global _EAGER_USERS
-    with _EAGER_LOCK:
-        if _EAGER_USERS == 0:
-            _eager_attention.prev = MultiHeadAttention.use_sdpa  # type: ignore[attr-defined]
-        _EAGER_USERS += 1
-        MultiHeadAttention.use_sdpa = False
-    try:
-        yield
-    finally:
-        with _EAGER_LOCK:
-            _EAGER_USERS -= 1
-            if _EAGER_USERS == 0:
-                MultiHeadAttention.use_sdpa = _eager_attention.prev  # type: ignore[attr-defined]
 
 
 _RESCORE = 8  # candidates re-scored in fp32 after the int8 vocabulary projection

@@ -1,0 +1,98 @@
+"""A lean greedy-decoding pass over openai-whisper's text decoder weights.
+
+Streaming re-decodes a short window every 0.15 s, a few tokens at a time. Through whisper's own
+modules each one-token step cost ~6.6 ms on one core (bench profile, tiny.en), nearly all of it
+Python and dispatch overhead: module calls, forward hooks that grow the key/value cache by
+``torch.cat``, hooks that copy out the cross-attention. :class:`DecoderPass` computes the same
+function with plain tensor ops on the model's own parameters (no copy), a preallocated key/value
+cache that is cut back by a length, and cross-attention keys and values projected once per audio
+window. The cross-attention logits of every fed position are kept (the word-timing DTW reads them).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from whisper.model import TextDecoder
+
+
+class DecoderPass:
+    """One decode of one audio window: feed tokens, get final-layer hidden states.
+
+    ``feed`` appends positions (self-attention is causal over everything fed so far) and returns
+    their hidden states after the decoder's last layer norm, before the vocabulary projection;
+    ``truncate(n)`` forgets every position from ``n`` on (a rejected draft). Values match
+    ``TextDecoder.forward`` up to float rounding (tests/test_whisper_decoder.py).
+    """
+
+    def __init__(self, decoder: TextDecoder, feats: torch.Tensor, max_len: int) -> None:
+        self.dec = decoder
+        blocks = list(decoder.blocks)
+        first = blocks[0].attn
+        self.n_head = first.n_head
+        n_state = decoder.positional_embedding.shape[1]
+        self.d_head = n_state // self.n_head
+        self.scale = self.d_head**-0.5  # whisper scales q and k by d**-0.25 each
+        self.max_len = min(max_len, decoder.positional_embedding.shape[0])
+        audio = feats.reshape(-1, n_state)  # (frames, state): one window, batch 1
+        self.layers = []
+        for b in blocks:
+            ca = b.cross_attn
+            k = F.linear(audio, ca.key.weight).view(-1, self.n_head, self.d_head).transpose(0, 1)
+            v = F.linear(audio, ca.value.weight, ca.value.bias).view(-1, self.n_head, self.d_head).transpose(0, 1)
+            self.layers.append((b, (k * self.scale).contiguous(), v.contiguous()))
+        self.k = torch.zeros(len(blocks), self.n_head, self.max_len, self.d_head)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+        # Cross-attention logits per layer, one (heads, positions, frames) tensor per feed.
+        self._qk: list[list[torch.Tensor]] = [[] for _ in blocks]
+
+    def feed(self, tokens: list[int]) -> torch.Tensor:
+        """Hidden states (len(tokens), state) of ``tokens`` appended after what was fed."""
+        n, start = len(tokens), self.length
+        end = start + n
+        if end > self.max_len:
+            raise ValueError(f"decoder context full: {end} > {self.max_len} positions")
+        dec, h, d = self.dec, self.n_head, self.d_head
+        x = dec.token_embedding(torch.tensor(tokens)) + dec.positional_embedding[start:end]
+        mask = None
+        if n > 1:  # causal within the new positions; everything before them is visible
+            mask = torch.full((n, end), float("-inf")).triu_(start + 1)
+        for i, (b, ck, cv) in enumerate(self.layers):
+            a = b.attn
+            y = F.layer_norm(x, a.query.weight.shape[1:], b.attn_ln.weight, b.attn_ln.bias, b.attn_ln.eps)
+            q = F.linear(y, a.query.weight, a.query.bias).view(n, h, d).transpose(0, 1)
+            self.k[i, :, start:end] = F.linear(y, a.key.weight).view(n, h, d).transpose(0, 1)
+            self.v[i, :, start:end] = F.linear(y, a.value.weight, a.value.bias).view(n, h, d).transpose(0, 1)
+            att = (q * self.scale) @ self.k[i, :, :end].transpose(-1, -2)
+            if mask is not None:
+                att = att + mask
+            o = (att.softmax(-1) @ self.v[i, :, :end]).transpose(0, 1).reshape(n, h * d)
+            x = x + F.linear(o, a.out.weight, a.out.bias)
+
+            c = b.cross_attn
+            ln = b.cross_attn_ln
+            y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
+            q = F.linear(y, c.query.weight, c.query.bias).view(n, h, d).transpose(0, 1)
+            att = q @ ck.transpose(-1, -2)  # (heads, n, frames); ck carries the scale
+            self._qk[i].append(att)
+            o = (att.softmax(-1) @ cv).transpose(0, 1).reshape(n, h * d)
+            x = x + F.linear(o, c.out.weight, c.out.bias)
+
+            ln = b.mlp_ln
+            y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
+            up, down = b.mlp[0], b.mlp[2]
+            x = x + F.linear(F.gelu(F.linear(y, up.weight, up.bias)), down.weight, down.bias)
+        self.length = end
+        return F.layer_norm(x, dec.ln.weight.shape, dec.ln.weight, dec.ln.bias, dec.ln.eps)
+
+    def truncate(self, n: int) -> None:
+        """Forget positions ``n`` and later (their keys, values and cross-attention)."""
+        if n >= self.length:
+            return
+        self.length = n
+        self._qk = [[torch.cat(rows, dim=1)[:, :n]] if rows else [] for rows in self._qk]
+
+    def cross_attention(self) -> list[torch.Tensor]:
+        """Per layer, the cross-attention logits (heads, positions fed, frames)."""
+        return [torch.cat(rows, dim=1) if rows else torch.zeros(0) for rows in self._qk]

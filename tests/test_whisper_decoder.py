@@ -1,0 +1,88 @@
+"""The lean decoder pass computes what whisper's TextDecoder computes, on the real tiny.en weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.whisper_decoder import DecoderPass
+from models.whisper_loader import mel_for
+
+
+@pytest.fixture(scope="module")
+def window(whisper_model, speech):
+    """Encoded audio of the fixture sentence and its greedy tokens from whisper's own decoder."""
+    import whisper.tokenizer
+
+    tok = whisper.tokenizer.get_tokenizer(False, language="en", task="transcribe")
+    with torch.inference_mode():
+        feats = whisper_model.encoder(mel_for(speech.samples, speech.duration + 0.5)[None])
+        sot = list(tok.sot_sequence_including_notimestamps)
+        tokens = list(sot)
+        for _ in range(12):  # greedy, whisper's decoder, no cache, up to the end of text
+            nxt = int(whisper_model.decoder(torch.tensor([tokens]), feats)[0, -1].argmax())
+            if nxt == tok.eot:
+                break
+            tokens.append(nxt)
+    return feats, tokens, tok, len(sot)
+
+
+def _reference(whisper_model, feats, tokens):
+    """Logits and per-layer cross-attention logits of whisper's decoder over ``tokens``."""
+    qks: list[torch.Tensor] = []
+    hooks = [b.cross_attn.register_forward_hook(lambda _m, _i, out: qks.append(out[1][0]))
+             for b in whisper_model.decoder.blocks]
+    try:
+        with torch.inference_mode():
+            from whisper.model import disable_sdpa
+
+            with disable_sdpa():
+                logits = whisper_model.decoder(torch.tensor([tokens]), feats)[0]
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, qks
+
+
+def test_one_pass_matches_whisper_logits_and_cross_attention(whisper_model, window):
+    feats, tokens, tok, n_sot = window
+    assert tok.decode(tokens[n_sot:]).lower().startswith(" please send")  # the window is real speech
+    ref_logits, ref_qk = _reference(whisper_model, feats, tokens)
+    emb = whisper_model.decoder.token_embedding.weight
+    with torch.inference_mode():
+        state = DecoderPass(whisper_model.decoder, feats, max_len=64)
+        logits = state.feed(tokens) @ emb.T
+    assert torch.allclose(logits, ref_logits, atol=2e-3, rtol=0)
+    assert [int(i) for i in logits.argmax(-1)] == [int(i) for i in ref_logits.argmax(-1)]
+    for got, want in zip(state.cross_attention(), ref_qk, strict=True):
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=2e-3, rtol=0)
+
+
+def test_stepwise_feeding_and_truncation_equal_one_pass(whisper_model, window):
+    """Feeding one token at a time, or cutting back a rejected draft and feeding again, gives the
+    hidden states and cross-attention that feeding everything at once gives."""
+    feats, tokens, _, _ = window
+    with torch.inference_mode():
+        whole = DecoderPass(whisper_model.decoder, feats, max_len=64)
+        h_all = whole.feed(tokens)
+        steps = DecoderPass(whisper_model.decoder, feats, max_len=64)
+        h_steps = torch.cat([steps.feed(tokens[:4])] + [steps.feed([t]) for t in tokens[4:]])
+        cut = DecoderPass(whisper_model.decoder, feats, max_len=64)
+        cut.feed(tokens[:6] + [tokens[6] + 1, 50256, 11])  # a wrong draft after six tokens
+        cut.truncate(6)
+        h_cut = torch.cat([h_all[:6], cut.feed(tokens[6:])])
+    assert torch.allclose(h_steps, h_all, atol=1e-4)
+    assert torch.allclose(h_cut, h_all, atol=1e-4)
+    for a, b, c in zip(whole.cross_attention(), steps.cross_attention(), cut.cross_attention(), strict=True):
+        assert a.shape == b.shape == c.shape == (a.shape[0], len(tokens), feats.shape[1])
+        assert torch.allclose(a, b, atol=1e-4) and torch.allclose(a, c, atol=1e-4)
+
+
+def test_a_full_context_is_a_clear_error(whisper_model, window):
+    feats, tokens, _, _ = window
+    state = DecoderPass(whisper_model.decoder, feats, max_len=len(tokens))
+    with torch.inference_mode():
+        state.feed(tokens)
+        with pytest.raises(ValueError, match="context full"):
+            state.feed([tokens[-1]])
