@@ -7,17 +7,17 @@
   utterance window is re-decoded every ``step_s`` of new speech with the committed words forced
   as a decoder prefix (not re-decoded) and the last hypothesis verified as a draft in one batched
   pass; a window opens on the previous utterance's last words (audio and forced text) when the
-  pause was short; LocalAgreement-2 (a word seen at the same position in two consecutive hypotheses) turns
-  interims into finals, with a probability guard (an unsure word waits for more audio after
-  it); at an endpoint every pending word is finalised at once and an :class:`UtteranceEnd`
-  carries the VAD end of speech.
+  pause was short; LocalAgreement-2 (a word seen at the same position in two consecutive
+  hypotheses) turns interims into finals, with a probability guard (an unsure word waits for
+  more audio after it); at an endpoint every pending word is finalised at once and an
+  :class:`UtteranceEnd` carries the VAD end of speech.
 * :class:`ASRWorker` — many sessions: bounded per-session audio queues (a full queue drops the
   oldest audio and counts it), earliest-deadline-first scheduling on ``lanes`` worker threads (a model copy
   each), an async event stream per session.
 
 Greedy decoding projects onto the vocabulary with an int8 copy of the embedding and re-scores
-the best candidates in fp32, so the tokens chosen are those of the fp32 model. Streaming runs an
-int8 copy of the encoder (it re-encodes its window every step); offline keeps fp32.
+the best candidates in fp32. Streaming runs int8 copies of the encoder and the decoder blocks (it
+re-decodes its window every step); offline keeps the fp32 model.
 
 Engines sit behind :class:`Engine`: ``"whisper"`` (openai-whisper, variable audio context,
 default) and ``"faster-whisper"`` (CTranslate2 on the bundled directory, 30-s padded).
@@ -129,7 +129,7 @@ class WhisperEngine:
 
     def __init__(
         self, model=None, context_pad_s: float = CONTEXT_PAD_S, threads: int = 1,  # noqa: ANN001
-        int8_encoder: bool = False,
+        int8: bool = False,
     ) -> None:
         import whisper.timing  # noqa: F401 - imports numba, which resets this thread's torch threads
         import whisper.tokenizer
@@ -141,10 +141,13 @@ class WhisperEngine:
 
         self.model = model if model is not None else load_whisper()
         self.lock = model_lock(self.model)
-        # Streaming re-encodes its window every step; int8 Linear layers halve the encoder's cost
-        # (bench/asr_stream.py: WER unchanged). Offline decoding keeps the exact fp32 encoder.
-        self.int8_encoder = int8_encoder
-        self.encoder = (_int8_copy(self.model.encoder) if int8_encoder else None) or self.model.encoder
+        # Streaming re-decodes its window every step: int8 Linear layers halve the encoder's cost
+        # and a one-token decoder step's (3.7 -> 1.7 ms); WER moved within its noise on 1,480
+        # held-out words (bench/asr_stream.py --held-out). Offline keeps the exact fp32 model.
+        self.int8 = int8
+        self.encoder = (_int8_copy(self.model.encoder) if int8 else None) or self.model.encoder
+        # Only the blocks: a copy of the whole decoder would duplicate the 80 MB token embedding.
+        self.decoder_blocks = (_int8_copy(self.model.decoder.blocks) if int8 else None) or self.model.decoder.blocks
         self.context_pad_s = context_pad_s
         dims = self.model.dims
         self.tokenizer = whisper.tokenizer.get_tokenizer(
@@ -195,17 +198,17 @@ class WhisperEngine:
             n_keep -= 1
         return words[:n_keep]
 
-    def _approx_logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits of ``rows`` from an int8 copy of the embedding (~10x cheaper).
+    def _approx_logits(self, row: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits of one hidden state from an int8 copy of the embedding (~10x cheaper).
 
         The fp32 projection reads 80 MB of weights per sampled token; :meth:`_pick` re-scores
-        the best candidates exactly, so greedy choices do not depend on the int8 error.
+        the best candidates exactly, so greedy choices do not depend on the int8 error. One row
+        a call, never a batch: dynamic int8 scales its input per call, so a batched row would
+        round differently from the same row decoded alone (probabilities would depend on the draft).
         """
         if self._proj_q is None:
-            return rows @ self.model.decoder.token_embedding.weight.T
-        # Row by row: dynamic int8 scales the input per call, so a batched row would round
-        # differently from the same row decoded alone (probabilities would depend on the draft).
-        return torch.cat([self._proj_q(r[None]) for r in rows])
+            return row @ self.model.decoder.token_embedding.weight.T
+        return self._proj_q(row[None])[0]
 
     def _pick(self, hrow: torch.Tensor, approx: torch.Tensor, blank: bool) -> tuple[int, float, float]:
         """Greedy token, its log-probability (exact logits for the top candidates) and the
@@ -258,7 +261,8 @@ class WhisperEngine:
         budget = min(int(dur * 8) + 8, self.n_text_ctx // 2, self.n_text_ctx - len(tokens) - 1)
         draft = list(draft_tokens)[: max(budget, 0)]
         emb = self.model.decoder.token_embedding.weight
-        state = DecoderPass(self.model.decoder, feats, max_len=len(tokens) + max(budget, 0) + 1)
+        state = DecoderPass(self.model.decoder, feats, max_len=len(tokens) + max(budget, 0) + 1,
+                            blocks=self.decoder_blocks)
         out: list[int] = []
         probs: list[float] = []
         sum_lp = 0.0
@@ -268,8 +272,8 @@ class WhisperEngine:
         rows = h[n0 - 1 :]  # hidden states that predict draft[0], ..., draft[-1], the next
         if not prefix_tokens:  # no-speech is only judged without a prefix
             no_speech = float((h[sot_index] @ emb.T).float().softmax(-1)[tok.no_speech])
-        logits = self._approx_logits(rows)
-        hrow, step = rows[0], logits[0]
+        hrow = rows[0]
+        step = self._approx_logits(hrow)
         in_draft = True
         for i in range(max(budget, 0)):
             nxt, lp, p_spelled = self._pick(hrow, step, blank=i == 0 and not prefix_tokens)
@@ -283,13 +287,14 @@ class WhisperEngine:
                 del out[max(keep, 0) :], probs[max(keep, 0) :]
                 break
             if in_draft and i < len(draft) and nxt == draft[i]:
-                hrow, step = rows[i + 1], logits[i + 1]  # already computed in the batched pass
+                hrow = rows[i + 1]  # computed in the batched pass; projected only when reached
+                step = self._approx_logits(hrow)
                 continue
             if in_draft:  # leave the draft: forget what was fed past the accepted tokens
                 in_draft = False
                 state.truncate(n0 + i)
             hrow = state.feed([nxt])[-1]
-            step = self._approx_logits(hrow[None])[0]
+            step = self._approx_logits(hrow)
         layers = state.cross_attention()  # each (heads, fed positions, frames)
         text = prefix_tokens + out
         token_probs = [1.0] * len(prefix_tokens) + probs
@@ -424,18 +429,18 @@ _ENGINES: dict[tuple[str, int, bool], Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def get_engine(engine: str | Engine = "whisper", model=None, int8_encoder: bool = False) -> Engine:  # noqa: ANN001
+def get_engine(engine: str | Engine = "whisper", model=None, int8: bool = False) -> Engine:  # noqa: ANN001
     """An engine by name (``"whisper"`` | ``"faster-whisper"``), one instance per process, model
-    and encoder precision (``int8_encoder`` applies to ``"whisper"``; faster-whisper is int8)."""
+    and precision (``int8`` applies to ``"whisper"``; faster-whisper is int8 anyway)."""
     if not isinstance(engine, str):
         return engine
     if engine not in ("whisper", "faster-whisper"):
         raise ValueError(f"unknown ASR engine {engine!r}; choose 'whisper' or 'faster-whisper'")
-    int8_encoder = int8_encoder and engine == "whisper"
-    key = (engine, id(model) if model is not None else 0, int8_encoder)
+    int8 = int8 and engine == "whisper"
+    key = (engine, id(model) if model is not None else 0, int8)
     with _ENGINES_LOCK:
         if key not in _ENGINES:
-            _ENGINES[key] = (WhisperEngine(model, int8_encoder=int8_encoder) if engine == "whisper"
+            _ENGINES[key] = (WhisperEngine(model, int8=int8) if engine == "whisper"
                              else FasterWhisperEngine())
         return _ENGINES[key]
 
@@ -543,12 +548,13 @@ class StreamingConfig:
     Final-word latency is roughly ``right_context_s`` + up to two ``step_s`` + one decode for
     words inside an utterance, and ``min_silence_s`` + one decode for its last word. Words the
     model is unsure of (``guard_prob``; tiny.en's misheard words mostly are) wait for
-    ``guard_s`` of audio after them. An utterance that follows within ``carry_gap_s`` starts its
-    window on the last ``carry_s`` of the previous one's final words (their audio before the
-    pre-roll, the pause cut out; their text forced as the prefix): the context offline decoding
-    has. Without it tiny.en garbled utterance starts (streaming WER 18.5 / 24.2 % vs 16.2 / 16.1 %
-    offline on two 8-session sets; with it 15.9 / 15.2 %), and that is what lets ``step_s`` be
-    0.15 s, ``min_commit_s`` 0.3 s and ``guard_prob`` 0.5.
+    ``guard_s`` of audio after them.
+    An utterance that follows within ``carry_gap_s`` starts its window on the last ``carry_s``
+    of the previous one's final words (their audio before the pre-roll, the pause cut out; their
+    text forced as the prefix): the context offline decoding has. Without it tiny.en garbled
+    utterance starts (streaming WER 18.5 / 24.2 % vs 16.2 / 16.1 % offline on two 8-session
+    sets; with it 15.9 / 15.2 %), and that is what lets ``step_s`` be 0.15 s, ``min_commit_s``
+    0.3 s and ``guard_prob`` 0.5.
     """
 
     step_s: float = 0.15  # re-decode after this much new speech audio
@@ -569,7 +575,7 @@ class StreamingConfig:
     carry_s: float = 2.0  # the next utterance's window starts with this much of the last one's words ...
     carry_gap_s: float = 2.0  # ... when the pause between them is at most this long
     max_gap_s: float = 1.0  # a pts gap up to this is filled with silence; longer restarts the stream
-    int8_encoder: bool = True  # dynamic-int8 encoder Linear layers (WhisperEngine; half the encoder cost)
+    int8: bool = True  # dynamic-int8 copies of the encoder and decoder blocks (WhisperEngine)
     refine: bool = True
     vad_gate: bool = True  # False: decode every step regardless of speech, no endpoints (baselines)
 
@@ -594,7 +600,7 @@ class StreamingASR:
         model=None,  # noqa: ANN001
     ) -> None:
         self.config = config or StreamingConfig()
-        self.engine = get_engine(engine, model, int8_encoder=self.config.int8_encoder)
+        self.engine = get_engine(engine, model, int8=self.config.int8)
         cfg = self.config
         self._vad = StreamingVAD(VADConfig(threshold=cfg.vad_threshold, min_silence_s=cfg.min_silence_s))
         self._buf = _AudioBuffer(max(cfg.max_window_s, MAX_WINDOW_S) + cfg.pre_roll_s + cfg.min_silence_s + 3.0)
@@ -1023,7 +1029,7 @@ def _engine_copy(engine: Engine) -> Engine:
     if isinstance(engine, WhisperEngine):
         import copy
 
-        return WhisperEngine(copy.deepcopy(engine.model), engine.context_pad_s, engine.threads, engine.int8_encoder)
+        return WhisperEngine(copy.deepcopy(engine.model), engine.context_pad_s, engine.threads, engine.int8)
     if isinstance(engine, FasterWhisperEngine):
         return FasterWhisperEngine()
     return engine  # an unknown engine is shared (its own locking decides)
@@ -1076,7 +1082,7 @@ class ASRWorker:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.config = config or StreamingConfig()
-        self.engine = get_engine(engine, model, int8_encoder=self.config.int8_encoder)
+        self.engine = get_engine(engine, model, int8=self.config.int8)
         self.engines: list[Engine] = [self.engine] + [_engine_copy(self.engine) for _ in range(lanes - 1)]
         self.max_queue_s = max_queue_s
         self.max_events = max_events

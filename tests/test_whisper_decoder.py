@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models.asr import _int8_copy
 from models.whisper_decoder import DecoderPass
 from models.whisper_loader import mel_for
 
@@ -59,24 +60,51 @@ def test_one_pass_matches_whisper_logits_and_cross_attention(whisper_model, wind
         assert torch.allclose(got, want, atol=2e-3, rtol=0)
 
 
+def _passes(whisper_model, feats, tokens, blocks=None):
+    """Hidden states and cross-attention of ``tokens`` fed at once, one at a time, and after a
+    wrong draft was cut back."""
+    def new() -> DecoderPass:
+        return DecoderPass(whisper_model.decoder, feats, max_len=64, blocks=blocks)
+
+    with torch.inference_mode():
+        whole = new()
+        h_all = whole.feed(tokens)
+        steps = new()
+        h_steps = torch.cat([steps.feed(tokens[:4])] + [steps.feed([t]) for t in tokens[4:]])
+        cut = new()
+        cut.feed(tokens[:6] + [tokens[6] + 1, 50256, 11])  # a wrong draft after six tokens
+        cut.truncate(6)
+        h_cut = torch.cat([h_all[:6], cut.feed(tokens[6:])])
+    return (h_all, h_steps, h_cut), (whole.cross_attention(), steps.cross_attention(), cut.cross_attention())
+
+
 def test_stepwise_feeding_and_truncation_equal_one_pass(whisper_model, window):
     """Feeding one token at a time, or cutting back a rejected draft and feeding again, gives the
     hidden states and cross-attention that feeding everything at once gives."""
     feats, tokens, _, _ = window
-    with torch.inference_mode():
-        whole = DecoderPass(whisper_model.decoder, feats, max_len=64)
-        h_all = whole.feed(tokens)
-        steps = DecoderPass(whisper_model.decoder, feats, max_len=64)
-        h_steps = torch.cat([steps.feed(tokens[:4])] + [steps.feed([t]) for t in tokens[4:]])
-        cut = DecoderPass(whisper_model.decoder, feats, max_len=64)
-        cut.feed(tokens[:6] + [tokens[6] + 1, 50256, 11])  # a wrong draft after six tokens
-        cut.truncate(6)
-        h_cut = torch.cat([h_all[:6], cut.feed(tokens[6:])])
+    (h_all, h_steps, h_cut), (qk_all, qk_steps, qk_cut) = _passes(whisper_model, feats, tokens)
     assert torch.allclose(h_steps, h_all, atol=1e-4)
     assert torch.allclose(h_cut, h_all, atol=1e-4)
-    for a, b, c in zip(whole.cross_attention(), steps.cross_attention(), cut.cross_attention(), strict=True):
+    for a, b, c in zip(qk_all, qk_steps, qk_cut, strict=True):
         assert a.shape == b.shape == c.shape == (a.shape[0], len(tokens), feats.shape[1])
         assert torch.allclose(a, b, atol=1e-4) and torch.allclose(a, c, atol=1e-4)
+
+
+def test_int8_blocks_choose_the_fp32_tokens_however_fed(whisper_model, window):
+    """The int8 copy of the blocks (streaming) picks the tokens the fp32 decoder picks, fed at
+    once, step by step or after a cut-back draft. Its values are another computation: a float
+    rounding difference upstream can flip an int8 rounding, so they are not compared exactly."""
+    feats, tokens, _, _ = window
+    emb = whisper_model.decoder.token_embedding.weight
+    blocks = _int8_copy(whisper_model.decoder.blocks)
+    assert blocks is not None and any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in blocks.modules())
+    with torch.inference_mode():
+        exact = DecoderPass(whisper_model.decoder, feats, max_len=64).feed(tokens) @ emb.T
+        hidden, _ = _passes(whisper_model, feats, tokens, blocks)
+    want = [int(i) for i in exact.argmax(-1)]
+    for h in hidden:
+        assert [int(i) for i in (h @ emb.T).argmax(-1)] == want
+    assert not torch.allclose(hidden[0] @ emb.T, exact, atol=1e-4)  # it really is another computation
 
 
 def test_a_full_context_is_a_clear_error(whisper_model, window):
