@@ -353,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         verdict(f"{args.streams} streams p95, CPU clock ({args.lanes} cores)", 1000 * pct(rl.lat, 95), 1000)
 
     if not args.no_baseline:
-        base_cfg = StreamingConfig(step_s=1.0, agreement=2, vad_gate=False, max_window_s=15.0, refine=False)
+        base_cfg = StreamingConfig(step_s=1.0, agreement=2, vad_gate=False, max_window_s=15.0, refine=False,
+                                   guard_decode=False)  # decodes on the 1 s grid only
         base = run_simulated(sessions, base_cfg, "faster-whisper")
         print("\nbaseline: LocalAgreement-2 over faster-whisper (int8, 30-s padded), 1 s chunks, no VAD,"
               f" simulated real time: {len(base.lat)} words")

@@ -9,8 +9,8 @@
   pass; a window opens on the previous utterance's last words (audio and forced text) when the
   pause was short; LocalAgreement-2 (a word seen at the same position in two consecutive
   hypotheses) turns interims into finals, with a probability guard (an unsure word waits for
-  more audio after it); at an endpoint every pending word is finalised at once and an
-  :class:`UtteranceEnd` carries the VAD end of speech.
+  more audio after it, and is decoded again the moment that wait ends); at an endpoint every
+  pending word is finalised at once and an :class:`UtteranceEnd` carries the VAD end of speech.
 * :class:`ASRWorker` — many sessions: bounded per-session audio queues (a full queue drops the
   oldest audio and counts it), earliest-deadline-first scheduling on ``lanes`` worker threads (a model copy
   each), an async event stream per session.
@@ -548,7 +548,8 @@ class StreamingConfig:
     Final-word latency is roughly ``right_context_s`` + up to two ``step_s`` + one decode for
     words inside an utterance, and ``min_silence_s`` + one decode for its last word. Words the
     model is unsure of (``guard_prob``; tiny.en's misheard words mostly are) wait for
-    ``guard_s`` of audio after them.
+    ``guard_s`` of audio after them, and a decode is scheduled for the moment that wait ends
+    (``guard_decode``) rather than the next step after it (up to ``step_s`` later).
     An utterance that follows within ``carry_gap_s`` starts its window on the last ``carry_s``
     of the previous one's final words (their audio before the pre-roll, the pause cut out; their
     text forced as the prefix): the context offline decoding has. Without it tiny.en garbled
@@ -568,6 +569,7 @@ class StreamingConfig:
     right_context_s: float = 0.05  # a word becomes final only with this much audio after it
     guard_prob: float = 0.5  # an agreed word below this probability ...
     guard_s: float = 0.5  # ... becomes final only with this much audio after it
+    guard_decode: bool = True  # decode when a held word's guard ends, not on the next step after it
     stable_s: float | None = None  # also final without agreement: this much audio after it and ...
     stable_prob: float = 0.9  # ... at least this probability (time-based commit)
     max_window_s: float = MAX_WINDOW_S  # past this, re-base the window at a final word boundary
@@ -615,6 +617,7 @@ class StreamingASR:
         self._hyp: list[DecodedWord] = []  # last hypothesis after the committed words
         self._hyp_history: deque[list[str]] = deque(maxlen=max(self.config.agreement - 1, 1))
         self._decoded_until = 0.0
+        self._guard_end = float("inf")  # pts where the held word's guard ends: decode then
         self._utt_start = 0.0
         self._utt_text: list[str] = []
         # The window may open on carried audio (the last utterance's final words, the pause cut out):
@@ -657,7 +660,7 @@ class StreamingASR:
             for ev in self._vad.feed(samples):
                 events += self._on_vad(ev)
         if self._in_utt:
-            if self._heard - self._decoded_until >= self.config.step_s - 1e-9:
+            if self._heard - self._decoded_until >= self.config.step_s - 1e-9 or self._heard >= self._guard_end:
                 events += self._decode_step()
         else:
             self._buf.trim_before(self._buf.end - self.config.pre_roll_s)
@@ -701,6 +704,7 @@ class StreamingASR:
             self._n_final = 0
             self._utt_text = []
             self._decoded_until = ev.pts
+            self._guard_end = float("inf")
             self._utt_start = ev.pts
             return []
         if not self._in_utt:
@@ -777,9 +781,12 @@ class StreamingASR:
             n_agree = 0
         while n_agree and new[n_agree - 1].end > heard - cfg.right_context_s:
             n_agree -= 1
+        self._guard_end = float("inf")
         for i in range(n_agree):  # an unsure word needs more audio after it (misheard words are)
             if new[i].probability < cfg.guard_prob and new[i].end > heard - cfg.guard_s:
                 n_agree = i
+                if cfg.guard_decode:  # (at least 50 ms on: a drifting word end cannot make every chunk decode)
+                    self._guard_end = max(self._win_start + new[i].end + cfg.guard_s, self._heard + 0.05)
                 break
         if cfg.stable_s is not None and self._heard - self._utt_start >= cfg.min_commit_s:
             # Time-based commit: a confident word with this much audio after it rarely changes.

@@ -12,6 +12,7 @@ from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
 from app import testmedia
 from models.asr import (
     ASRWorker,
+    DecodedWord,
     StreamingASR,
     StreamingConfig,
     UtteranceEnd,
@@ -324,3 +325,38 @@ def test_a_repeated_sentence_after_a_short_pause_is_heard_again(whisper_model):
     assert _hits(second, b) >= len(b.words) - 1, [e.text for e in second]
     assert all(e.start >= a.duration - 0.1 for e in second)
 
+
+class _ScriptedEngine:
+    """A transcript fixed in window time: each word appears once the audio reaches 60 ms past its
+    end (as Whisper's words do). Not a model: it isolates the finalisation policy's timing."""
+
+    name = "scripted"
+    forces_prefix = True
+    WORDS = ((" I", 0.30, 0.45, 0.95), (" sent", 0.45, 0.80, 0.30), (" it", 0.80, 0.95, 0.95),
+             (" today", 0.95, 1.40, 0.95))
+
+    def transcribe(self, audio, prefix=(), prompt="", draft=()):  # noqa: ANN001, ANN201
+        dur = len(audio) / SAMPLE_RATE
+        return [DecodedWord(raw, a, b, p) for raw, a, b, p in self.WORDS if b + 0.06 <= dur]
+
+
+def test_an_unsure_word_is_final_when_its_guard_ends(speech):
+    """An agreed word below guard_prob becomes final once guard_s of audio follows it. With
+    guard_decode a decode is scheduled for that moment; without, it waits for the next step."""
+    released: dict[bool, dict[str, float]] = {}
+    for guard_decode in (True, False):
+        cfg = StreamingConfig(guard_decode=guard_decode, guard_s=0.55, refine=False, carry_s=0.0)  # ends off the grid
+        asr = StreamingASR(_ScriptedEngine(), cfg)
+        first: dict[str, float] = {}
+        for c in _chunks(speech.samples):
+            for ev in asr.feed(c):
+                if isinstance(ev, WordToken) and ev.final:
+                    first.setdefault(ev.text, asr._heard - asr._win_start)  # window time of the release
+        assert list(first)[:4] == ["I", "sent", "it", "today"]
+        assert first["it"] == first["sent"]  # the confident word after it waited with it
+        released[guard_decode] = first
+    guard_end = 0.80 + cfg.guard_s
+    on_time, on_step = released[True]["sent"] - guard_end, released[False]["sent"] - guard_end
+    assert 0 <= on_time <= 0.07, on_time  # never before its audio; then within a VAD window or two
+    assert on_step > on_time + 0.05, (on_time, on_step)  # the step grid alone is later here
+    assert released[True]["I"] == released[False]["I"]  # confident words: unchanged
