@@ -3,13 +3,13 @@
 Streaming re-decodes a short window every 0.15 s, a few tokens at a time. Through whisper's own
 modules a decoder call cost 6.6 ms on average in a streaming profile (tiny.en, one core), part of
 it overhead: module calls, forward hooks that grow the key/value cache by ``torch.cat``, hooks
-that copy out the cross-attention. :class:`DecoderPass` computes the same function with plain tensor ops, a
-preallocated key/value cache that is cut back by a length, and cross-attention keys and values
-projected once per audio window; the cross-attention logits of every fed position are kept (the
-word-timing DTW reads them): 5.3 ms a call in the same profile. What is left is mostly weight
-reads (33 MB of fp32 Linear weights a step; alone, a one-token step takes 3.7 ms), so streaming
-passes a dynamic-int8 copy of the blocks (4.6 ms a call; 1.7 ms a one-token step), applied one
-row at a time so that a row's result never depends on what was batched with it.
+that copy out the cross-attention. :class:`DecoderPass` computes the same function with plain
+tensor ops, a preallocated key/value cache that is cut back by a length, and cross-attention keys
+and values projected once per audio window; the cross-attention logits of every fed position are
+kept (the word-timing DTW reads them): 5.3 ms a call in the same profile. What is left is mostly
+weight reads (33 MB of fp32 Linear weights a step; alone, a one-token step takes 3.7 ms), so
+streaming passes a dynamic-int8 copy of the blocks (4.6 ms a call; 1.7 ms a one-token step),
+applied one row at a time so that a row's result never depends on what was batched with it.
 """
 
 from __future__ import annotations
