@@ -167,3 +167,19 @@ def synthesize_speech(
             words.append(TimedWord(word, audio_ms / 1000.0 + lead_in_s))
     lead = np.zeros(int(round(lead_in_s * SAMPLE_RATE)), np.float32)
     return Speech(np.concatenate([lead, audio]), tuple(words), text)
+
+
+def synthesize_speech_fresh(
+    text: str, voice: str = "en-us", wpm: int = 160, pitch: int = 50, lead_in_s: float = 0.0
+) -> Speech:
+    """:func:`synthesize_speech` in a new process, where no synthesis came before it.
+
+    libespeak-ng keeps state from one call to the next: the same sentence in the same voice comes
+    out a few samples longer or shorter and differs from its first voiced sample on. Audio that
+    must be the same in every run (a test fixture made after other tests, some of whose threads
+    synthesise speech) is made here instead; it costs a process start (~1 s).
+    """
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(synthesize_speech, (text, voice, wpm, pitch, lead_in_s))

@@ -20,10 +20,19 @@ from pathlib import Path
 import numpy as np
 
 from alignment import evidence as _evidence
-from alignment.espeak import EspeakUnavailable, Speech, TimedWord, resample, synthesize_speech
+from alignment.espeak import (
+    EspeakUnavailable,
+    Speech,
+    TimedWord,
+    resample,
+    synthesize_speech,
+    synthesize_speech_fresh,
+)
 from alignment.types import SAMPLE_RATE
 
-__all__ = ["EspeakUnavailable", "Speech", "TimedWord", "resample", "synthesize_speech"]  # re-exported
+__all__ = [  # re-exported
+    "EspeakUnavailable", "Speech", "TimedWord", "resample", "synthesize_speech", "synthesize_speech_fresh",
+]
 
 
 def add_noise(samples: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:

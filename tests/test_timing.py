@@ -52,7 +52,8 @@ def _raw_words(model, audio: np.ndarray) -> list[WordToken]:
 
 @pytest.fixture(scope="module")
 def fresh_speech() -> testmedia.Speech:
-    sp = testmedia.synthesize_speech(SENTENCE, voice=VOICE, wpm=WPM, lead_in_s=0.45)
+    # A fresh process: the same audio however many syntheses earlier tests (and their threads) made.
+    sp = testmedia.synthesize_speech_fresh(SENTENCE, voice=VOICE, wpm=WPM, lead_in_s=0.45)
     tail = np.zeros(SAMPLE_RATE // 2, np.float32)
     return testmedia.Speech(np.concatenate([sp.samples, tail]), sp.words, sp.text)
 
@@ -208,3 +209,12 @@ def test_refinement_leaves_one_blas_thread():
     mel_power(np.zeros(4000))
     blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
     assert blas and all(lib["num_threads"] == 1 for lib in blas)
+
+
+def test_fresh_synthesis_is_the_same_in_every_run(fresh_speech):
+    """libespeak-ng keeps state between calls, so in-process speech depends on what was spoken
+    before; the fixture's fresh-process speech does not."""
+    again = testmedia.synthesize_speech_fresh(SENTENCE, voice=VOICE, wpm=WPM, lead_in_s=0.45)
+    testmedia.synthesize_speech(SENTENCE, voice=VOICE, wpm=WPM)  # advance this process's state
+    assert np.array_equal(again.samples, fresh_speech.samples[: len(again.samples)])
+    assert again.words == fresh_speech.words
