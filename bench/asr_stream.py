@@ -306,10 +306,14 @@ async def run_worker(sessions: list[Session], config: StreamingConfig, lanes: in
     return res, stats
 
 
+def spoken(sessions: list[Session]) -> list[str]:
+    """The words spoken in ``sessions``, in order: the WER reference."""
+    return [w for s in sessions for w in s.text]
+
+
 def offline_wer(sessions: list[Session]) -> float:
     """WER of offline :func:`models.asr.transcribe_words` on the sessions' audio."""
-    hyp = [w.text for s in sessions for w in transcribe_words(s.audio)]
-    return wer(sum([list(s.text) for s in sessions], []), hyp)
+    return wer(spoken(sessions), [w.text for s in sessions for w in transcribe_words(s.audio)])
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -342,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Offline reference (same model, same audio).
     transcribe_words(sessions[0].audio[: 2 * SAMPLE_RATE])  # load and warm (numba DTW compile)
-    off_ref = sum([list(s.text) for s in sessions], [])
+    off_ref = spoken(sessions)
     wer_off = offline_wer(sessions)
 
     one = run_simulated(sessions, config, "whisper")
@@ -368,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict("WER streaming - offline", 100 * (wer_stream - wer_off), 2.0, "points")
 
     if args.streams > 1:
-        refs = sum([list(s.text) for s in sessions], [])
+        refs = spoken(sessions)
         many, stats = asyncio.run(run_worker(sessions, config, args.lanes))
         print(f"\n{args.streams} streams through one ASRWorker ({args.lanes} lanes), real time (wall):"
               f" {len(many.lat)} words")
@@ -410,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             held = [make_session(k, n_sent, sentences) for k in range(args.held_out_sessions)]
             res = run_simulated(held, config, "whisper")
             w_off = offline_wer(held)
-            w_str = wer(sum([list(h.text) for h in held], []), sum(res.finals, []))
+            w_str = wer(spoken(held), sum(res.finals, []))
             zero, cpu = res.lat_zero, res.lat_cpu
             print(f"  set {name}: floor p50 {1000 * pct(zero, 50):.0f} ms  p95 {1000 * pct(zero, 95):.0f} ms;"
                   f" CPU clock p50 {1000 * pct(cpu, 50):.0f} ms  p95 {1000 * pct(cpu, 95):.0f} ms;"

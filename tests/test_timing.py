@@ -214,7 +214,7 @@ def test_refinement_leaves_one_blas_thread():
 def test_fresh_synthesis_is_the_same_in_every_run(fresh_speech):
     """libespeak-ng keeps state between calls, so in-process speech depends on what was spoken
     before; the fixture's fresh-process speech does not."""
+    testmedia.synthesize_speech(SENTENCE, voice=VOICE, wpm=WPM)  # this process's state moves on
     again = testmedia.synthesize_speech_fresh(SENTENCE, voice=VOICE, wpm=WPM, lead_in_s=0.45)
-    testmedia.synthesize_speech(SENTENCE, voice=VOICE, wpm=WPM)  # advance this process's state
     assert np.array_equal(again.samples, fresh_speech.samples[: len(again.samples)])
     assert again.words == fresh_speech.words
