@@ -40,6 +40,7 @@ import torch
 
 from alignment.timing import refine_word_times
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
+from models.int8 import int8_copy, int8_projection
 from models.vad import StreamingVAD, VADConfig, VADEvent, speech_segments
 from models.whisper_decoder import DecoderPass
 from models.whisper_loader import load_whisper, mel_for, model_lock
@@ -145,9 +146,10 @@ class WhisperEngine:
         # and a one-token decoder step's (3.7 -> 1.7 ms); WER moved within its noise on 1,480
         # held-out words (bench/asr_stream.py --held-out). Offline keeps the exact fp32 model.
         self.int8 = int8
-        self.encoder = (_int8_copy(self.model.encoder) if int8 else None) or self.model.encoder
+        self.encoder = (int8_copy(self.model.encoder) if int8 else None) or self.model.encoder
         # Only the blocks: a copy of the whole decoder would duplicate the 80 MB token embedding.
-        self.decoder_blocks = (_int8_copy(self.model.decoder.blocks) if int8 else None) or self.model.decoder.blocks
+        self.decoder_blocks = ((int8_copy(self.model.decoder.blocks, rowwise=True) if int8 else None)
+                               or self.model.decoder.blocks)
         self.context_pad_s = context_pad_s
         dims = self.model.dims
         self.tokenizer = whisper.tokenizer.get_tokenizer(
@@ -163,7 +165,7 @@ class WhisperEngine:
         self._suppress = mask
         self._blank = [*tok.encode(" "), tok.eot]
         self.n_text_ctx = dims.n_text_ctx
-        self._proj_q = _int8_projection(self.model.decoder.token_embedding.weight)
+        self._proj_q = int8_projection(self.model.decoder.token_embedding.weight)
         self._spellings: dict[int, str] = {}
 
     # The model is shared: every forward pass below runs under ``self.lock``.
@@ -202,9 +204,8 @@ class WhisperEngine:
         """Vocabulary logits of one hidden state from an int8 copy of the embedding (~10x cheaper).
 
         The fp32 projection reads 80 MB of weights per sampled token; :meth:`_pick` re-scores
-        the best candidates exactly, so greedy choices do not depend on the int8 error. One row
-        a call, never a batch: dynamic int8 scales its input per call, so a batched row would
-        round differently from the same row decoded alone (probabilities would depend on the draft).
+        the best candidates exactly, so greedy choices do not depend on the int8 error. Rows are
+        projected one at a time, only when the greedy loop reaches them.
         """
         if self._proj_q is None:
             return row @ self.model.decoder.token_embedding.weight.T
@@ -338,41 +339,6 @@ class WhisperEngine:
 
 
 _RESCORE = 8  # candidates re-scored in fp32 after the int8 vocabulary projection
-
-
-def _int8_copy(module: torch.nn.Module) -> torch.nn.Module | None:
-    """A copy of ``module`` with every Linear (whisper's subclass too) dynamic-int8, or None where
-    torch lacks dynamic quantisation (callers then keep the fp32 module)."""
-    import copy
-    import warnings
-
-    def swap(parent: torch.nn.Module) -> None:
-        for name, child in parent.named_children():
-            if isinstance(child, torch.nn.Linear):
-                plain = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
-                plain.load_state_dict(child.state_dict())
-                quantized = torch.ao.quantization.quantize_dynamic(
-                    torch.nn.Sequential(plain), {torch.nn.Linear}, dtype=torch.qint8)
-                setattr(parent, name, quantized[0])
-            else:
-                swap(child)
-
-    try:
-        out = copy.deepcopy(module)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's deprecation notice for eager quantisation
-            swap(out)
-        return out.eval()
-    except Exception as exc:  # noqa: BLE001 - any failure: the caller keeps the exact fp32 module
-        log.warning("dynamic int8 unavailable (%s); using fp32", exc)
-        return None
-
-
-def _int8_projection(weight: torch.Tensor) -> torch.nn.Module | None:
-    """A dynamic-int8 copy of the tied vocabulary projection, or None where torch lacks it."""
-    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-    lin.weight.data = weight.detach()
-    return _int8_copy(torch.nn.Sequential(lin))
 
 
 def _loop_cut(tokens: list[int]) -> int:

@@ -8,8 +8,8 @@ tensor ops, a preallocated key/value cache that is cut back by a length, and cro
 and values projected once per audio window; the cross-attention logits of every fed position are
 kept (the word-timing DTW reads them): 5.3 ms a call in the same profile. What is left is mostly
 weight reads (33 MB of fp32 Linear weights a step; alone, a one-token step takes 3.7 ms), so
-streaming passes a dynamic-int8 copy of the blocks (4.6 ms a call; 1.7 ms a one-token step),
-applied one row at a time so that a row's result never depends on what was batched with it.
+streaming passes an int8 copy of the blocks (:class:`models.int8.RowInt8Linear`: each row scaled
+on its own, so a row's result never depends on what was batched with it).
 """
 
 from __future__ import annotations
@@ -68,27 +68,27 @@ class DecoderPass:
             a = b.attn
             ln = b.attn_ln
             y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
-            q = _linear(a.query, y).view(n, h, d).transpose(0, 1)
-            self.k[i, :, start:end] = _linear(a.key, y).view(n, h, d).transpose(0, 1)
-            self.v[i, :, start:end] = _linear(a.value, y).view(n, h, d).transpose(0, 1)
+            q = a.query(y).view(n, h, d).transpose(0, 1)
+            self.k[i, :, start:end] = a.key(y).view(n, h, d).transpose(0, 1)
+            self.v[i, :, start:end] = a.value(y).view(n, h, d).transpose(0, 1)
             att = (q * self.scale) @ self.k[i, :, :end].transpose(-1, -2)
             if mask is not None:
                 att = att + mask
             o = (att.softmax(-1) @ self.v[i, :, :end]).transpose(0, 1).reshape(n, h * d)
-            x = x + _linear(a.out, o)
+            x = x + a.out(o)
 
             c = b.cross_attn
             ln = b.cross_attn_ln
             y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
-            q = _linear(c.query, y).view(n, h, d).transpose(0, 1)
+            q = c.query(y).view(n, h, d).transpose(0, 1)
             att = q @ ck.transpose(-1, -2)  # (heads, n, frames); ck carries the scale
             self._qk[i].append(att)
             o = (att.softmax(-1) @ cv).transpose(0, 1).reshape(n, h * d)
-            x = x + _linear(c.out, o)
+            x = x + c.out(o)
 
             ln = b.mlp_ln
             y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
-            x = x + _linear(b.mlp[2], F.gelu(_linear(b.mlp[0], y)))
+            x = x + b.mlp[2](F.gelu(b.mlp[0](y)))
         self.length = end
         return F.layer_norm(x, dec.ln.weight.shape, dec.ln.weight, dec.ln.bias, dec.ln.eps)
 
@@ -103,11 +103,3 @@ class DecoderPass:
         """Per layer, the cross-attention logits (heads, positions fed, frames)."""
         return [torch.cat(rows, dim=1) if rows else torch.zeros(0) for rows in self._qk]
 
-
-def _linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)``; a dynamic-int8 Linear is applied one row at a time, because it scales its
-    input per call: batched, a row would round differently than fed alone, and the decode would
-    depend on how a draft was batched."""
-    if x.shape[0] == 1 or not isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
-        return module(x)
-    return torch.cat([module(r[None]) for r in x])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.asr import _int8_copy
+from models.int8 import RowInt8Linear, int8_copy
 from models.whisper_decoder import DecoderPass
 from models.whisper_loader import mel_for
 
@@ -96,8 +96,8 @@ def test_int8_blocks_choose_the_fp32_tokens_however_fed(whisper_model, window):
     rounding difference upstream can flip an int8 rounding, so they are not compared exactly."""
     feats, tokens, _, _ = window
     emb = whisper_model.decoder.token_embedding.weight
-    blocks = _int8_copy(whisper_model.decoder.blocks)
-    assert blocks is not None and any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in blocks.modules())
+    blocks = int8_copy(whisper_model.decoder.blocks, rowwise=True)
+    assert blocks is not None and any(isinstance(m, RowInt8Linear) for m in blocks.modules())
     with torch.inference_mode():
         exact = DecoderPass(whisper_model.decoder, feats, max_len=64).feed(tokens) @ emb.T
         hidden, _ = _passes(whisper_model, feats, tokens, blocks)
@@ -114,3 +114,20 @@ def test_a_full_context_is_a_clear_error(whisper_model, window):
         state.feed(tokens)
         with pytest.raises(ValueError, match="context full"):
             state.feed([tokens[-1]])
+
+
+def test_row_int8_rows_do_not_depend_on_their_batch():
+    """RowInt8Linear scales each row on its own and accumulates in integers: a row batched with
+    others comes out bit for bit as alone, and close to the fp32 layer."""
+    torch.manual_seed(0)
+    fp32 = torch.nn.Linear(384, 1536)
+    lin = RowInt8Linear(fp32)
+    x = torch.randn(9, 384)
+    x[3] *= 40  # a loud row must not change how its neighbours round
+    with torch.inference_mode():
+        batched = lin(x)
+        alone = torch.cat([lin(r[None]) for r in x])
+        assert torch.equal(batched, alone)
+        exact = fp32(x)
+        rel = (batched - exact).abs().amax(1) / exact.abs().amax(1)
+    assert float(rel.max()) < 0.03
