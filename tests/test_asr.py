@@ -16,6 +16,7 @@ from models.asr import (
     StreamingASR,
     StreamingConfig,
     UtteranceEnd,
+    _heard_words,
     _loop_cut,
     get_engine,
     normalize_word,
@@ -362,3 +363,26 @@ def test_an_unsure_word_is_final_when_its_guard_ends(speech):
     assert 0 <= on_time <= 0.07, on_time  # never before its audio; then within a VAD window or two
     assert on_step > on_time + 0.05, (on_time, on_step)  # the step grid alone is later here
     assert released[True]["I"] == released[False]["I"]  # confident words: unchanged
+
+
+def _words(spec: str, start: float = 0.0, p: float = 0.9) -> list[DecodedWord]:
+    """' a b c' as 0.3-s words from ``start``."""
+    return [DecodedWord(" " + w, start + 0.3 * i, start + 0.3 * (i + 1), p) for i, w in enumerate(spec.split())]
+
+
+def test_endpoint_words_said_over_silence_are_dropped():
+    """At an endpoint: words after the end of speech, trailing words under end_min_prob, and a
+    repeat of the words before it with no speech left for it go; real speech stays."""
+    final = _words("closed on sundays and holidays")  # 0 .. 1.5 s
+    end = 1.55  # the VAD end of speech
+    repeat = [DecodedWord(" and", 1.42, 1.48, 0.3), DecodedWord(" holidays.", 1.48, 1.54, 0.7)]  # squeezed in
+    assert _heard_words(final, repeat, end, 0.2) == []
+    assert _heard_words(final[:3], final[3:], end, 0.2) == final[3:]  # first said: kept
+    said_again = _words("and holidays", 1.5)  # a speaker who says it twice has the audio for it
+    assert _heard_words(final, said_again, 2.1, 0.2) == said_again
+    assert _heard_words(final, _words("holidays", 1.5), end, 0.2) == _words("holidays", 1.5)  # one word: kept
+    tail = _words("know", 1.2, p=0.1)
+    assert _heard_words(final[:3], [*final[3:4], *tail], end, 0.2) == final[3:4]
+    unsure_inside = [*_words("and", 0.9, p=0.1), *final[4:]]
+    assert _heard_words(final[:3], unsure_inside, end, 0.2) == unsure_inside  # only trailing words
+    assert _heard_words(final, _words("more", 1.6), end, 0.2) == []  # starts after the speech
