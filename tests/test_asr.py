@@ -16,6 +16,7 @@ from models.asr import (
     StreamingASR,
     StreamingConfig,
     UtteranceEnd,
+    _bare,
     _heard_words,
     _loop_cut,
     get_engine,
@@ -338,7 +339,7 @@ class _ScriptedEngine:
     WORDS = ((" I", 0.30, 0.45, 0.95), (" sent", 0.45, 0.80, 0.30), (" it", 0.80, 0.95, 0.95),
              (" today", 0.95, 1.40, 0.95))
 
-    def transcribe(self, audio, prefix=(), prompt="", draft=()):  # noqa: ANN001, ANN201
+    def transcribe(self, audio, prefix=(), prompt="", draft=(), expect_words=False):  # noqa: ANN001, ANN201
         dur = len(audio) / SAMPLE_RATE
         return [DecodedWord(raw, a, b, p) for raw, a, b, p in self.WORDS if b + 0.06 <= dur]
 
@@ -386,3 +387,25 @@ def test_endpoint_words_said_over_silence_are_dropped():
     unsure_inside = [*_words("and", 0.9, p=0.1), *final[4:]]
     assert _heard_words(final[:3], unsure_inside, end, 0.2) == unsure_inside  # only trailing words
     assert _heard_words(final, _words("more", 1.6), end, 0.2) == []  # starts after the speech
+
+
+def test_expected_speech_after_a_forced_prefix_gets_a_word(whisper_model):
+    """Forced through carried words and hearing only the first word of new speech, tiny.en tends
+    to end the text; with expect_words it must go on to a new word (after the carried audio),
+    and where the text goes on anyway the words stay (a probability moves by the masked
+    end-of-text's share)."""
+    eng = get_engine("whisper", whisper_model, int8=True)
+    a = testmedia.synthesize_speech_fresh("please send the report to my office before noon")
+    b = testmedia.synthesize_speech_fresh("the meeting has been moved to thursday")
+    carried = [_bare(w.raw) for w in eng.transcribe(a.samples)]
+    assert len(carried) >= 7
+    pause = np.zeros(int(0.25 * SAMPLE_RATE), np.float32)
+    first_word = np.concatenate([a.samples, pause, b.samples[: int((b.words[1].start + 0.05) * SAMPLE_RATE)]])
+    new = eng.transcribe(first_word, prefix=carried, expect_words=True)[len(carried) :]
+    assert new and new[0].start >= a.duration - 0.05, [w.raw for w in new]
+    two_words = np.concatenate([a.samples, pause, b.samples[: int((b.words[2].start + 0.2) * SAMPLE_RATE)]])
+    plain = eng.transcribe(two_words, prefix=carried)
+    assert len(plain) > len(carried)
+    held = eng.transcribe(two_words, prefix=carried, expect_words=True)
+    assert [(w.raw, w.start, w.end) for w in held] == [(w.raw, w.start, w.end) for w in plain]
+    assert [w.probability for w in held] == pytest.approx([w.probability for w in plain], abs=0.02)
