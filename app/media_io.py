@@ -47,6 +47,27 @@ def _stream_start(stream: av.stream.Stream) -> float | None:
     return float(stream.start_time * stream.time_base)
 
 
+class MonoResampler:
+    """16 kHz mono float frames from audio frames of any format, even one that changes mid-stream
+    (corrupt files do that; one ``av.AudioResampler`` takes a single input format and raises)."""
+
+    def __init__(self) -> None:
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        self._input: tuple[str, str, int] | None = None
+
+    def resample(self, frame: av.AudioFrame | None) -> list[av.AudioFrame]:
+        """Resampled frames for ``frame``; None flushes what the resampler still holds."""
+        if frame is None:
+            return list(self._resampler.resample(None))
+        key = (frame.format.name, frame.layout.name, frame.sample_rate)
+        out: list[av.AudioFrame] = []
+        if self._input is not None and key != self._input:
+            out = list(self._resampler.resample(None))
+            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        self._input = key
+        return out + list(self._resampler.resample(frame))
+
+
 def decode_media(path: str | Path, max_width: int = 960) -> DecodedMedia:
     """Decode ``path`` fully; raise MediaError with a one-line reason when it is not usable media.
 
@@ -71,7 +92,7 @@ def decode_media(path: str | Path, max_width: int = 960) -> DecodedMedia:
         audio_parts: list[np.ndarray] = []
         audio_pts: float | None = None
         frames: list[VideoFrame] = []
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        resampler = MonoResampler()
         try:
             for packet in container.demux(*(astreams + vstreams)):
                 for frame in packet.decode():

@@ -264,9 +264,9 @@ def test_next_utterance_starts_from_the_last_words_without_repeating_them(whispe
     prefixes: list[tuple[int, list[str]]] = []  # (utterance, words forced) per decode; the real model decodes
     transcribe = asr.engine.transcribe
 
-    def recording(audio, prefix=(), prompt="", draft=()):  # noqa: ANN001, ANN202
+    def recording(audio, prefix=(), prompt="", draft=(), expect_words=False):  # noqa: ANN001, ANN202
         prefixes.append((asr._utt, [normalize_word(w) for w in prefix]))
-        return transcribe(audio, prefix=prefix, prompt=prompt, draft=draft)
+        return transcribe(audio, prefix=prefix, prompt=prompt, draft=draft, expect_words=expect_words)
 
     asr.engine = type("Recording", (), {"name": "whisper", "forces_prefix": True,
                                         "transcribe": staticmethod(recording)})()

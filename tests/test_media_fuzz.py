@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from alignment.types import SAMPLE_RATE
 from app import testmedia
-from app.media_io import DecodedMedia, MediaError, decode_media
+from app.media_io import DecodedMedia, MediaError, MonoResampler, decode_media
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +87,24 @@ def test_wrong_containers(tmp_path):
     assert media is None or media.has_video
     for name, blob in [("zip.mp4", b"PK\x03\x04" + bytes(200)), ("text.mkv", b"hello\n" * 100)]:
         assert _decode_or_error(tmp_path, blob, name) is None
+
+
+def test_audio_that_changes_format_mid_stream_is_resampled():
+    """A corrupt file's audio can change format mid-stream (a CI fuzz run hit it: PyAV's resampler
+    raised ValueError); MonoResampler starts a new resampler and loses no samples."""
+    import av
+
+    def frame(layout: str, rate: int, seconds: float) -> av.AudioFrame:
+        n = int(rate * seconds)
+        channels = 2 if layout == "stereo" else 1
+        data = np.full((1, n * channels), 0.25, np.float32)  # packed flt
+        f = av.AudioFrame.from_ndarray(data, format="flt", layout=layout)
+        f.sample_rate = rate
+        return f
+
+    rs = MonoResampler()
+    parts = [rs.resample(frame("stereo", 44100, 0.5)), rs.resample(frame("mono", 22050, 0.5)),
+             rs.resample(frame("stereo", 48000, 0.5)), rs.resample(None)]
+    samples = np.concatenate([o.to_ndarray().reshape(-1) for p in parts for o in p])
+    assert abs(len(samples) - int(1.5 * SAMPLE_RATE)) <= 3 * 64
+    assert np.isfinite(samples).all() and float(np.abs(samples).max()) > 0.1
