@@ -240,6 +240,7 @@ class WhisperEngine:
         return best, lp, max(p_same, float(np.exp(lp)))
 
     def _starts_word(self, token: int) -> bool:
+        """The token opens a new word (a leading space and a letter or digit), not punctuation."""
         return bool(self._spelling(token)) and self.tokenizer.decode([token]).startswith(" ")
 
     def _spelling(self, token: int) -> str:
