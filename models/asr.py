@@ -723,7 +723,7 @@ class StreamingASR:
         # there although new speech follows; it may not, once that speech is long enough for a word.
         after = self.config.expect_after_s
         expect = (after is not None and self._lead > 0 and audio_end - self._utt_start >= after
-                  and not any(w.start >= self._lead for w in self._committed))
+                  and not self._live_finals)
         words = self.engine.transcribe(audio, prefix=prefix, prompt=self._prompt, draft=draft,
                                        expect_words=expect)
         if not self.engine.forces_prefix:
@@ -809,8 +809,7 @@ class StreamingASR:
             pending = self._decode(audio_end) or self._decode(audio_end, extra_silence_s=0.3) or self._hyp
         else:
             pending = self._hyp
-        live = [w for w in self._committed if w.start >= self._lead]  # not the carried words
-        pending = _heard_words(live, pending, speech_end - self._win_start, self.config.end_min_prob)
+        pending = _heard_words(self._live_finals, pending, speech_end - self._win_start, self.config.end_min_prob)
         self._hyp = []
         self._hyp_history.clear()
         return self._emit_finals(pending)
@@ -856,6 +855,11 @@ class StreamingASR:
         self._buf.trim_before(self._win_start + self._lead)
 
     @property
+    def _live_finals(self) -> list[DecodedWord]:
+        """This utterance's final words, without the carried ones that open its window."""
+        return [w for w in self._committed if w.start >= self._lead]
+
+    @property
     def _lead(self) -> float:
         """Seconds of carried audio at the start of the window."""
         return self._lead_audio.size / SAMPLE_RATE
@@ -881,13 +885,13 @@ class StreamingASR:
     def _repeats_carry(self) -> bool:
         """The last two final words of this utterance are two consecutive carried words."""
         carried = [w.key for w in self._committed if w.start < self._lead]
-        live = [w.key for w in self._committed if w.start >= self._lead][-2:]
+        live = [w.key for w in self._live_finals][-2:]
         return len(live) == 2 and any(carried[i : i + 2] == live for i in range(len(carried) - 1))
 
     def _carry_out(self, audio_end: float) -> tuple[np.ndarray, list[DecodedWord]] | None:
         """The last ``carry_s`` of this utterance's final words, their audio (to 0.1 s past the last
         one) and their times relative to it: the next utterance's window opens on them."""
-        words = [w for w in self._committed if w.start >= self._lead]  # heard in this utterance
+        words = self._live_finals
         if self.config.carry_s <= 0 or not words:
             return None
         last = words[-1].end
