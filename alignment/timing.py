@@ -31,7 +31,10 @@ from audio that ends at ``word.start + lookahead_s`` (Whisper's estimate), never
 rows are real-audio frames, its recurrence is causal, and level/noise statistics come from that
 same prefix. A word whose onset the path has not reached by then is put at the end of the
 evidence (the earliest time consistent with it); Whisper's early first-word estimates make this
-the main streaming error.
+the main streaming error. A streaming recogniser emits finals one or two at a time; refined
+alone, a one-word reference matches any similar stretch of audio, so `models.asr.StreamingASR`
+puts the utterance's last final words before them (and the next interim word after them) and
+keeps only their times: on the bench's streams 72 % -> 93 % of final onsets within ±40 ms.
 """
 
 from __future__ import annotations
@@ -198,6 +201,21 @@ def refine_word_times(
         stop = end if end is not None else w.end + (start - w.start)
         out.append(replace(w, start=float(start), end=float(max(stop, start + MIN_WORD_S))))
         last_start = start
+    return out
+
+
+def end_by_next_start(words: Sequence[WordToken]) -> list[WordToken]:
+    """``words`` with each end moved back to the next word's start where it ran past it.
+
+    In connected speech a word ends where the next begins. Streaming refinement often has no end
+    in a word's evidence (a word longer than the look-ahead) and keeps Whisper's late estimate,
+    past the next onset. (Not inside :func:`refine_word_times`: there a word's times depend on no
+    audio past its own look-ahead, and the next start does.)
+    """
+    out = list(words)
+    for i in range(len(out) - 1):
+        if out[i].end > out[i + 1].start:
+            out[i] = replace(out[i], end=max(out[i + 1].start, out[i].start + MIN_WORD_S))
     return out
 
 

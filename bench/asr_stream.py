@@ -158,15 +158,18 @@ def wer(ref: list[str], hyp: list[str]) -> float:
     return float(d[len(h)]) / max(len(r), 1)
 
 
-def latencies(session: Session, finals: list[tuple[float, WordToken]]) -> list[float]:
-    """Emit time - true end for each final word matched (in order) to a spoken word."""
+def matched(session: Session, finals: list[tuple[float, WordToken]]) -> list[tuple[TruthWord, float, WordToken]]:
+    """(spoken word, emit time, final token) for each final matched (in order) to a spoken word."""
     ref = [normalize_word(w.text) for w in session.words]
     hyp = [normalize_word(tok.text) for _, tok in finals]
-    out = []
-    for block in difflib.SequenceMatcher(a=ref, b=hyp, autojunk=False).get_matching_blocks():
-        for i in range(block.size):
-            out.append(finals[block.b + i][0] - session.words[block.a + i].end)
-    return out
+    return [(session.words[block.a + i], *finals[block.b + i])
+            for block in difflib.SequenceMatcher(a=ref, b=hyp, autojunk=False).get_matching_blocks()
+            for i in range(block.size)]
+
+
+def latencies(session: Session, finals: list[tuple[float, WordToken]]) -> list[float]:
+    """Emit time - true end for each final word matched to a spoken word."""
+    return [t - truth.end for truth, t, _ in matched(session, finals)]
 
 
 @dataclass
@@ -179,6 +182,7 @@ class RunResult:
     cpu_s: float
     audio_s: float
     decodes: int
+    onset_err: tuple[float, ...] = ()  # final word start - true start (s), matched words
 
 
 def run_simulated(sessions: list[Session], config: StreamingConfig, engine: str) -> RunResult:
@@ -190,6 +194,7 @@ def run_simulated(sessions: list[Session], config: StreamingConfig, engine: str)
     depend only on the audio, so one pass serves both.
     """
     lat, lat_cpu, lat_zero, finals_text, compute, cpu, decodes = [], [], [], [], 0.0, 0.0, 0
+    onset_err: list[float] = []
     for s in sessions:
         asr = StreamingASR(engine, config)
         sim = sim_cpu = sim_zero = 0.0
@@ -213,9 +218,11 @@ def run_simulated(sessions: list[Session], config: StreamingConfig, engine: str)
         lat += latencies(s, finals)
         lat_cpu += latencies(s, finals_cpu)
         lat_zero += latencies(s, finals_zero)
+        onset_err += [tok.start - truth.start for truth, _, tok in matched(s, finals_zero)]
         finals_text.append([tok.text for _, tok in finals])
         decodes += asr.decode_count
-    return RunResult(lat, lat_cpu, lat_zero, finals_text, compute, cpu, sum(s.duration for s in sessions), decodes)
+    return RunResult(lat, lat_cpu, lat_zero, finals_text, compute, cpu, sum(s.duration for s in sessions), decodes,
+                     tuple(onset_err))
 
 
 def run_lanes_cpu(sessions: list[Session], config: StreamingConfig, lanes: int) -> RunResult:
@@ -370,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
           f" decodes {one.decodes}, {1000 * one.compute_s / max(one.decodes, 1):.0f} ms wall"
           f" / {1000 * one.cpu_s / max(one.decodes, 1):.0f} ms CPU per decoding feed")
     print(f"  WER streaming {100 * wer_stream:.1f}%  offline {100 * wer_off:.1f}%  ({len(off_ref)} words)")
+    err = np.abs(one.onset_err)
+    print(f"  final-word onsets vs truth (a word goes on the frames within 40 ms of its start):"
+          f" mean {1000 * err.mean():.0f} ms, within 40 ms {100 * np.mean(err <= 0.04):.0f}%"
+          f" ({err.size} words; informative, no target here)")
     verdict("1 stream p50, wall clock", 1000 * pct(one.lat, 50), 350)
     verdict("1 stream p95, wall clock", 1000 * pct(one.lat, 95), 700)
     verdict("1 stream p50, CPU clock", 1000 * pct(one.lat_cpu, 50), 350)

@@ -38,7 +38,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from alignment.timing import refine_word_times
+from alignment.timing import end_by_next_start, refine_word_times
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
 from models.int8 import int8_copy, int8_projection
 from models.vad import StreamingVAD, VADConfig, VADEvent, speech_segments
@@ -475,7 +475,7 @@ def transcribe_words(
             base = t0 + a / SAMPLE_RATE
             words.append(WordToken(w.text, base + w.start, base + w.end, True, w.probability, utt, i))
     if refine and words:
-        words = list(refine_word_times(audio, t0, words))
+        words = end_by_next_start(refine_word_times(audio, t0, words))
     return words
 
 
@@ -549,6 +549,7 @@ class StreamingConfig:
     pre_roll_s: float = 0.25  # audio kept before the VAD start
     tail_s: float = 0.15  # audio kept after the VAD end when finalising
     lookahead_s: float = 0.2  # refinement may look this far past a word (bounded)
+    refine_context: int = 2  # final words of the utterance that lead the refinement's reference
     agreement: int = 2  # LocalAgreement-n
     min_commit_s: float = 0.3  # no finals before the utterance has this much audio (junk guard)
     right_context_s: float = 0.05  # a word becomes final only with this much audio after it
@@ -600,6 +601,7 @@ class StreamingASR:
         self._win_start = 0.0
         self._committed: list[DecodedWord] = []  # finals in the current window (window-relative)
         self._n_final = 0  # finals emitted in the current utterance
+        self._refined: list[WordToken] = []  # this utterance's last final tokens (refinement context)
         self._prompt = ""  # finals of this utterance before the current window
         self._hyp: list[DecodedWord] = []  # last hypothesis after the committed words
         self._hyp_history: deque[list[str]] = deque(maxlen=max(self.config.agreement - 1, 1))
@@ -689,6 +691,7 @@ class StreamingASR:
             self._win_start = max(ev.pts - cfg.pre_roll_s, self._buf.start) - self._lead
             self._hyp_history.clear()
             self._n_final = 0
+            self._refined = []
             self._utt_text = []
             self._decoded_until = ev.pts
             self._guard_end = float("inf")
@@ -823,9 +826,18 @@ class StreamingASR:
             for i, w in enumerate(words)
         ]
         if self.config.refine:
+            # The utterance's last final words lead the reference: a one-word reference (most
+            # finals come one or two at a time) matched any similar stretch of the audio.
+            context = [t for t in self._refined[-self.config.refine_context :]
+                       if t.start >= self._buf.start] if self.config.refine_context else []
+            # The next (interim) word trails it: a word ends where the next one starts.
+            after = [WordToken(w.text, base + w.start, base + w.end, False, w.probability, self._utt, -1)
+                     for w in self._hyp[:1]]
             audio = self._buf.slice(self._buf.start, self._buf.end)
-            toks = [replace(t, final=True) for t in
-                    refine_word_times(audio, self._buf.start, toks, lookahead_s=self.config.lookahead_s)]
+            refined = end_by_next_start(refine_word_times(audio, self._buf.start, context + toks + after,
+                                                          lookahead_s=self.config.lookahead_s))
+            toks = [replace(t, final=True) for t in refined[len(context) : len(context) + len(toks)]]
+            self._refined = (self._refined + toks)[-max(self.config.refine_context, 1) :]
         self._committed.extend(words)
         self._n_final += len(words)
         if self._lead > 0 and self._repeats_carry():

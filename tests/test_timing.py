@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from alignment.timing import refine_word_times
+from alignment.timing import end_by_next_start, refine_word_times
 from alignment.types import SAMPLE_RATE, WordToken
 from app import testmedia
 
@@ -218,3 +218,10 @@ def test_fresh_synthesis_is_the_same_in_every_run(fresh_speech):
     again = testmedia.synthesize_speech_fresh(SENTENCE, voice=VOICE, wpm=WPM, lead_in_s=0.45)
     assert np.array_equal(again.samples, fresh_speech.samples[: len(again.samples)])
     assert again.words == fresh_speech.words
+
+
+def test_an_end_past_the_next_start_is_moved_back_to_it():
+    words = [WordToken("the", 0.50, 1.00), WordToken("library", 0.64, 0.88), WordToken("is", 1.10, 1.44)]
+    out = end_by_next_start(words)
+    assert [(w.start, w.end) for w in out] == [(0.50, 0.64), (0.64, 0.88), (1.10, 1.44)]
+    assert end_by_next_start([]) == []
