@@ -830,13 +830,11 @@ class StreamingASR:
             # finals come one or two at a time) matched any similar stretch of the audio.
             context = [t for t in self._refined[-self.config.refine_context :]
                        if t.start >= self._buf.start] if self.config.refine_context else []
-            # The next (interim) word trails it: a word ends where the next one starts.
-            after = [WordToken(w.text, base + w.start, base + w.end, False, w.probability, self._utt, -1)
-                     for w in self._hyp[:1]]
             audio = self._buf.slice(self._buf.start, self._buf.end)
-            refined = end_by_next_start(refine_word_times(audio, self._buf.start, context + toks + after,
-                                                          lookahead_s=self.config.lookahead_s))
-            toks = [replace(t, final=True) for t in refined[len(context) : len(context) + len(toks)]]
+            refined = end_by_next_start(refine_word_times(audio, self._buf.start, context + toks,
+                                                          lookahead_s=self.config.lookahead_s,
+                                                          context=len(context)))
+            toks = [replace(t, final=True) for t in refined[len(context) :]]
             self._refined = (self._refined + toks)[-max(self.config.refine_context, 1) :]
         self._committed.extend(words)
         self._n_final += len(words)

@@ -137,8 +137,8 @@ def test_utterance_end_follows_silence_and_closes_the_utterance(streamed, speech
 def test_streaming_final_onsets_are_within_a_frame_of_truth(whisper_model):
     """The live product puts a word on the output frames within 40 ms of its start, so streamed
     finals need onsets that good, not just the median near truth. Finals come one or two at a time;
-    refined alone (a one-word reference) 22 of the 28 matched words landed within 40 ms, refined
-    after the utterance's last final words 27. A voice other than the refinement's reference one."""
+    refined alone (a one-word reference) 21 of the 28 matched words landed within 40 ms, refined
+    after the utterance's last two final words 26. A voice other than the refinement's reference one."""
     texts = ("turn left at the next corner and park near the bank",
              "the children played in the garden until it was dark",
              "we should finish the first draft by the end of the week")

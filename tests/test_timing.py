@@ -225,3 +225,12 @@ def test_an_end_past_the_next_start_is_moved_back_to_it():
     out = end_by_next_start(words)
     assert [(w.start, w.end) for w in out] == [(0.50, 0.64), (0.64, 0.88), (1.10, 1.44)]
     assert end_by_next_start([]) == []
+
+
+def test_context_words_lead_the_reference_and_come_back_as_given(clean_case):
+    audio, raw = clean_case
+    full = refine_word_times(audio, 0.0, raw, lookahead_s=LOOKAHEAD)
+    led = refine_word_times(audio, 0.0, full[:3] + raw[3:], lookahead_s=LOOKAHEAD, context=3)
+    assert led[:3] == full[:3]
+    assert [w.text for w in led] == [w.text for w in raw]
+    assert all(abs(a.start - b.start) <= 0.04 for a, b in zip(led[3:], full[3:], strict=True))
