@@ -570,7 +570,8 @@ class StreamingConfig:
     vad_gate: bool = True  # False: decode every step regardless of speech, no endpoints (baselines)
 
     def __post_init__(self) -> None:
-        if self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2 or self.context_s < 0:
+        if (self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2 or self.context_s < 0
+                or self.refine_context < 0):
             raise ValueError(f"invalid streaming config {self}")
 
 

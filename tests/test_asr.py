@@ -225,6 +225,8 @@ def test_faster_whisper_engine_by_name(speech):
 def test_streaming_config_is_validated():
     with pytest.raises(ValueError):
         StreamingConfig(step_s=0)
+    with pytest.raises(ValueError):
+        StreamingConfig(refine_context=-1)
 
 
 def test_one_big_chunk_with_two_utterances_keeps_both(whisper_model):
