@@ -345,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} cpus, load average at start {os.getloadavg()[0]:.2f} "
           "(shared with other engineers' jobs; absolute times are inflated by that load)")
     sessions = [make_session(k, n_sent) for k in range(max(args.streams, 1))]
+    # All audio before any decoding: refinement synthesises speech too, and libespeak-ng keeps
+    # state between calls, so audio made after a run would change with what that run synthesised.
+    held_sets = [(f"{name}, bench voices", sentences, VOICES) for name, sentences in HELD_OUT.items()]
+    held_sets.append(("SENTENCES, held-out voices", SENTENCES, HELD_OUT_VOICES))
+    held_out = [(name, [make_session(k, n_sent, sentences, voices) for k in range(args.held_out_sessions)])
+                for name, sentences, voices in held_sets] if args.held_out else []
     config = StreamingConfig()
     fails = 0
 
@@ -426,11 +432,8 @@ def main(argv: list[str] | None = None) -> int:
               f" {pct(base.lat_cpu, 50) / max(pct(one.lat_cpu, 50), 1e-9):.1f}x lower (CPU)")
     if args.held_out:
         print(f"\nheld out ({args.held_out_sessions} sessions of {n_sent} sentences a set; 1 stream, simulated):")
-        sets = [(f"{name}, bench voices", sentences, VOICES) for name, sentences in HELD_OUT.items()]
-        sets.append(("SENTENCES, held-out voices", SENTENCES, HELD_OUT_VOICES))
         zero, cpu, errs_str, errs_off, n_ref = [], [], 0.0, 0.0, 0
-        for name, sentences, voices in sets:
-            held = [make_session(k, n_sent, sentences, voices) for k in range(args.held_out_sessions)]
+        for name, held in held_out:
             res = run_simulated(held, config, "whisper")
             ref = spoken(held)
             w_off, w_str = offline_wer(held), wer(ref, sum(res.finals, []))
