@@ -222,7 +222,7 @@ class WhisperEngine:
         probability of its spelling: the candidates that read the same without case, space
         and punctuation (" The" / " the" / "The") summed. tiny.en splits its belief over such
         variants at a sentence start, which made a correct first word look unsure."""
-        step = approx.float().masked_fill(self._suppress, -np.inf)
+        step = approx.float().masked_fill_(self._suppress, -np.inf)  # approx is this step's own
         if blank:
             step[self._blank] = -np.inf
         if no_eot:
@@ -235,8 +235,8 @@ class WhisperEngine:
         best = int(top[best_i])
         lp = float(step[best] - lse)
         spelled = self._spelling(best)
-        p_same = sum(float(torch.exp(step[int(c)] - lse)) for c in top.tolist()
-                     if spelled and self._spelling(int(c)) == spelled)
+        p_top = torch.exp(step[top] - lse).tolist()
+        p_same = sum(p for c, p in zip(top.tolist(), p_top, strict=True) if spelled and self._spelling(c) == spelled)
         return best, lp, max(p_same, float(np.exp(lp)))
 
     def _starts_word(self, token: int) -> bool:

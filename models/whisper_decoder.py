@@ -42,10 +42,13 @@ class DecoderPass:
         self.max_len = min(max_len, decoder.positional_embedding.shape[0])
         audio = feats.reshape(-1, n_state)  # (frames, state): one window, batch 1
         self.layers = []
+        self.n_state = n_state
         for b in blocks:
             ca = b.cross_attn
-            k = ca.key(audio).view(-1, self.n_head, self.d_head).transpose(0, 1)
-            v = ca.value(audio).view(-1, self.n_head, self.d_head).transpose(0, 1)
+            kv = getattr(ca, "kv", None)  # an int8 copy's stacked key and value (models.int8)
+            k, v = kv(audio).split(n_state, -1) if kv is not None else (ca.key(audio), ca.value(audio))
+            k = k.reshape(-1, self.n_head, self.d_head).transpose(0, 1)
+            v = v.reshape(-1, self.n_head, self.d_head).transpose(0, 1)
             self.layers.append((b, (k * self.scale).contiguous(), v.contiguous()))
         self.k = torch.zeros(len(blocks), self.n_head, self.max_len, self.d_head)
         self.v = torch.zeros_like(self.k)
@@ -68,9 +71,11 @@ class DecoderPass:
             a = b.attn
             ln = b.attn_ln
             y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
-            q = a.query(y).view(n, h, d).transpose(0, 1)
-            self.k[i, :, start:end] = a.key(y).view(n, h, d).transpose(0, 1)
-            self.v[i, :, start:end] = a.value(y).view(n, h, d).transpose(0, 1)
+            qkv = getattr(a, "qkv", None)
+            q, k, v = qkv(y).split(self.n_state, -1) if qkv is not None else (a.query(y), a.key(y), a.value(y))
+            q = q.reshape(n, h, d).transpose(0, 1)
+            self.k[i, :, start:end] = k.reshape(n, h, d).transpose(0, 1)
+            self.v[i, :, start:end] = v.reshape(n, h, d).transpose(0, 1)
             att = (q * self.scale) @ self.k[i, :, :end].transpose(-1, -2)
             if mask is not None:
                 att = att + mask

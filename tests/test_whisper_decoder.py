@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -131,3 +133,26 @@ def test_row_int8_rows_do_not_depend_on_their_batch():
         exact = fp32(x)
         rel = (batched - exact).abs().amax(1) / exact.abs().amax(1)
     assert float(rel.max()) < 0.03
+
+
+def test_stacked_int8_projections_equal_the_separate_ones(whisper_model, window):
+    """The int8 copy gives each attention its query/key/value stacked into one layer; the stacked
+    layer and a DecoderPass that uses it compute exactly what the separate layers compute."""
+    torch.manual_seed(0)
+    parts = [RowInt8Linear(torch.nn.Linear(384, 384, bias=b)) for b in (True, False, True)]
+    x = torch.randn(7, 384)
+    with torch.inference_mode():
+        assert torch.equal(RowInt8Linear.stacked(parts)(x), torch.cat([p(x) for p in parts], -1))
+    feats, tokens, _, _ = window
+    blocks = int8_copy(whisper_model.decoder.blocks, rowwise=True)
+    assert blocks is not None and all(hasattr(b.attn, "qkv") and hasattr(b.cross_attn, "kv") for b in blocks)
+    separate = copy.deepcopy(blocks)
+    for m in separate.modules():
+        for name in ("qkv", "kv"):
+            if hasattr(m, name):
+                delattr(m, name)
+    with torch.inference_mode():
+        a = DecoderPass(whisper_model.decoder, feats, max_len=64, blocks=blocks)
+        b = DecoderPass(whisper_model.decoder, feats, max_len=64, blocks=separate)
+        assert torch.equal(a.feed(tokens), b.feed(tokens))
+        assert all(torch.equal(p, q) for p, q in zip(a.cross_attention(), b.cross_attention(), strict=True))
