@@ -626,6 +626,12 @@ class Session:
     def closed(self) -> bool:
         return self._closing
 
+    @property
+    def running_tasks(self) -> list[asyncio.Task]:
+        """This session's tasks not yet done. (A finished task is forgotten by its done-callback,
+        which runs a loop turn later: the close task is still listed just after it returned.)"""
+        return [t for t in self._tasks if not t.done()]
+
     def threads_alive(self) -> bool:
         return self._au_thread is not None and self._au_thread.is_alive()
 

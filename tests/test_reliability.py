@@ -71,7 +71,7 @@ async def test_vanished_peer_is_reaped_and_frees_its_resources(live_stages, av_c
         assert peer.session_id not in app.state.sessions
         assert reaped_s <= 2.0 + 3.0, reaped_s
         assert session.end_reason in ("media timeout", "connection failed", "connection closed")
-        assert not session.threads_alive() and not session._tasks
+        assert not session.threads_alive() and not session.running_tasks
         assert after.asr_streams == 0 and f"au-{session.id}" not in after.thread_names
         assert "synchrony_sessions 0.0" in await _metric(base, "synchrony_sessions ")
         await peer.close(delete=False)

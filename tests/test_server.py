@@ -223,7 +223,7 @@ async def test_vanished_peer_is_reaped():
             await asyncio.sleep(0.1)
         assert sid not in app.state.sessions
         assert session.end_reason in ("media timeout", "connection failed", "connection closed")
-        assert not session._tasks
+        assert not session.running_tasks
         metrics = (await httpx.AsyncClient().get(f"{base}/metrics")).text
         assert "synchrony_sessions 0.0" in metrics
 
