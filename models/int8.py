@@ -95,14 +95,17 @@ def int8_copy(module: torch.nn.Module, rowwise: bool = False) -> torch.nn.Module
 
 
 def _stack_attention(module: torch.nn.Module) -> None:
-    """Give each attention layer (whisper's ``query``/``key``/``value`` Linears) a stacked copy,
-    ``qkv`` and ``kv``, that :class:`models.whisper_decoder.DecoderPass` calls instead of three or
-    two separate ones (the same results, one input quantisation and kernel call)."""
-    for m in module.modules():
-        parts = [getattr(m, name, None) for name in ("query", "key", "value")]
-        if all(isinstance(p, RowInt8Linear) for p in parts):
-            m.qkv = RowInt8Linear.stacked(parts)
-            m.kv = RowInt8Linear.stacked(parts[1:])
+    """Give whisper's attention layers the stacked copies :class:`models.whisper_decoder.DecoderPass`
+    calls instead of separate Linears (the same results, one input quantisation and one kernel
+    call): ``attn.qkv`` (query, key, value of a new token) and ``cross_attn.kv`` (key and value
+    of the audio frames, once per window)."""
+    for block in module.modules():
+        attn, cross = getattr(block, "attn", None), getattr(block, "cross_attn", None)
+        names = ("query", "key", "value")
+        if attn is not None and all(isinstance(getattr(attn, n, None), RowInt8Linear) for n in names):
+            attn.qkv = RowInt8Linear.stacked([getattr(attn, n) for n in names])
+        if cross is not None and all(isinstance(getattr(cross, n, None), RowInt8Linear) for n in names[1:]):
+            cross.kv = RowInt8Linear.stacked([cross.key, cross.value])
 
 
 def int8_projection(weight: torch.Tensor) -> torch.nn.Module | None:
