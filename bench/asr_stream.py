@@ -27,7 +27,7 @@ Targets: 1 stream p50 <= 350 ms and p95 <= 700 ms; N streams p95 <= 1.0 s; strea
 2 points of offline. Every target is judged on both clocks; exit status 1 when any fails.
 
     .venv/bin/python bench/asr_stream.py            # 5 sentences per stream
-    .venv/bin/python bench/asr_stream.py --quick    # 2 sentences per stream, for CI
+    .venv/bin/python bench/asr_stream.py --quick    # 2 sentences per stream: a quick look
     .venv/bin/python bench/asr_stream.py --held-out --no-baseline   # + 4 held-out sets x 8 sessions
 """
 
@@ -332,7 +332,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2 sentences per stream (CI)")
+    ap.add_argument("--quick", action="store_true", help="2 sentences per stream (a quick look)")
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--lanes", type=int, default=2, help="ASRWorker lanes (threads, one model copy each)"
