@@ -99,13 +99,15 @@ def _stack_attention(module: torch.nn.Module) -> None:
     calls instead of separate Linears (the same results, one input quantisation and one kernel
     call): ``attn.qkv`` (query, key, value of a new token) and ``cross_attn.kv`` (key and value
     of the audio frames, once per window)."""
+    def row_int8(layer: torch.nn.Module | None, names: tuple[str, ...]) -> list[RowInt8Linear] | None:
+        parts = [getattr(layer, n, None) for n in names]
+        return parts if all(isinstance(p, RowInt8Linear) for p in parts) else None
+
     for block in module.modules():
-        attn, cross = getattr(block, "attn", None), getattr(block, "cross_attn", None)
-        names = ("query", "key", "value")
-        if attn is not None and all(isinstance(getattr(attn, n, None), RowInt8Linear) for n in names):
-            attn.qkv = RowInt8Linear.stacked([getattr(attn, n) for n in names])
-        if cross is not None and all(isinstance(getattr(cross, n, None), RowInt8Linear) for n in names[1:]):
-            cross.kv = RowInt8Linear.stacked([cross.key, cross.value])
+        if qkv := row_int8(getattr(block, "attn", None), ("query", "key", "value")):
+            block.attn.qkv = RowInt8Linear.stacked(qkv)
+        if kv := row_int8(getattr(block, "cross_attn", None), ("key", "value")):
+            block.cross_attn.kv = RowInt8Linear.stacked(kv)
 
 
 def int8_projection(weight: torch.Tensor) -> torch.nn.Module | None:
