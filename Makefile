@@ -2,7 +2,8 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-APT_PACKAGES := espeak-ng libespeak-ng1 chromium chromium-driver fonts-dejavu-core
+APT_PACKAGES := espeak-ng libespeak-ng1 chromium chromium-driver fonts-dejavu-core \
+                festival festvox-us-slt-hts festvox-kallpc16k festvox-kdlpc16k
 
 .PHONY: run test setup system lint bench
 
@@ -15,7 +16,8 @@ test: $(STAMP)
 
 setup: $(STAMP)
 
-# System packages (espeak-ng for generated test speech, Chromium for the browser test).
+# System packages (espeak-ng and festival voices for generated test speech with exact word times,
+# Chromium for the browser test).
 system:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

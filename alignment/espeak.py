@@ -22,6 +22,7 @@ _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _POS_CHARACTER = 1
 _ESPEAK_RATE = 1
 _ESPEAK_PITCH = 3
+_CHARS_UTF8 = 1
 
 
 class _EspeakEvent(ctypes.Structure):
@@ -105,6 +106,8 @@ class _Espeak:
             lib.espeak_SetSynthCallback.argtypes = [_SynthCallback]
             lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
             lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+            lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+            lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
             lib.espeak_Synth.argtypes = [
                 ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
                 ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
@@ -115,6 +118,22 @@ class _Espeak:
             cls._rate_hz = rate
             cls._lib = lib
         return cls._lib
+
+    def phonemes(self, text: str, voice: str) -> str:
+        """espeak-ng's phoneme mnemonics for ``text`` (words separated by spaces, stress marks kept)."""
+        with self._lock:
+            lib = self._load()
+            if lib.espeak_SetVoiceByName(voice.encode()) != 0:
+                raise ValueError(f"unknown espeak-ng voice {voice!r}")
+            buf = ctypes.c_char_p(text.encode("utf-8"))
+            ptr = ctypes.c_void_p(ctypes.cast(buf, ctypes.c_void_p).value)
+            parts = []
+            while ptr.value:  # one clause per call; the pointer moves on (NULL at the end)
+                out = lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, 0)
+                if not out:
+                    break
+                parts.append(out.decode("utf-8", "ignore"))
+            return " ".join(p.strip() for p in parts if p.strip())
 
     def synthesize(self, text: str, voice: str, wpm: int, pitch: int) -> tuple[np.ndarray, list]:
         with self._lock:
@@ -181,6 +200,15 @@ def synthesize_speech(
             words.append(TimedWord(word, audio_ms / 1000.0 + lead_in_s))
     lead = np.zeros(int(round(lead_in_s * SAMPLE_RATE)), np.float32)
     return Speech(np.concatenate([lead, audio]), tuple(words), text)
+
+
+def phonemes(text: str, voice: str = "en-us") -> str:
+    """espeak-ng's phoneme mnemonics for ``text``: its pronunciation of any spelling (letter-to-sound
+    rules for words no dictionary has, numbers read out)."""
+    global _ENGINE
+    if _ENGINE is None:
+        _ENGINE = _Espeak()
+    return _ENGINE.phonemes(text, voice)
 
 
 def synthesize_speech_fresh(

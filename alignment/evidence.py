@@ -434,6 +434,14 @@ class AVOffsetEstimator:
         self._pair()
         self._version += 1
 
+    def acoustic_onset(self, near: float, previous: float | None = None) -> float | None:
+        """The onset of speech after silence nearest ``near`` in the audio held
+        (:func:`alignment.onsets.onset_after_silence`); None without such evidence."""
+        from alignment.onsets import onset_after_silence
+
+        t0, samples = self._audio.view()
+        return onset_after_silence(samples, t0, near, previous)
+
     def push_visual(self, obs: VisualObservation) -> None:
         """Add one camera frame's observation."""
         self._frames.append(obs)

@@ -10,7 +10,14 @@ from :mod:`alignment.evidence`; None when there is no evidence):
   source, ``"markers"`` or ``"lips"``); without evidence video = ``f`` and
   ``evidence="assigned"``, which only restates the pipeline's own pts.
 
-``ok`` iff the three are pairwise within ``tolerance_ms`` (inclusive, with float slack). A token
+The audio time is the word aligner's estimate, so it is also checked against evidence the
+aligner did not make: where the word follows silence, its acoustic onset (the level rising out
+of the noise floor, :mod:`alignment.onsets`). A word placed outside the accepted range of that
+onset (±40 ms, or up to 120 ms before it for stops and weak consonants, whose sound rises late)
+fails, and is counted apart (``onset_checked`` / ``onset_failed``).
+
+``ok`` iff the three are pairwise within ``tolerance_ms`` (inclusive, with float slack) and the
+onset check (where there is one) passes. A token
 that no frame carries has no text time: ``text`` (and an assigned ``video``) are NaN,
 ``max_delta_ms`` is inf and ``ok`` is False; :func:`sync_event` turns those into JSON nulls.
 
@@ -29,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from alignment.evidence import OffsetEstimate
+from alignment.onsets import onset_window_ms
 from alignment.types import SyncCheck, WordToken
 
 TOLERANCE_MS = 50.0
@@ -49,6 +57,8 @@ class Level3Summary:
     max_delta_ms_p50: float | None
     max_delta_ms_p95: float | None
     max_delta_ms_max: float | None
+    onset_checked: int = 0  # words that follow silence, checked against their acoustic onset
+    onset_failed: int = 0  # ... placed outside the accepted range of it
 
     @property
     def pass_rate(self) -> float | None:
@@ -64,6 +74,8 @@ class Level3Summary:
             "max_delta_ms_p50": self.max_delta_ms_p50,
             "max_delta_ms_p95": self.max_delta_ms_p95,
             "max_delta_ms_max": self.max_delta_ms_max,
+            "onset_checked": self.onset_checked,
+            "onset_failed": self.onset_failed,
         }
 
 
@@ -83,12 +95,15 @@ class Level3Validator:
         self._passed = 0
         self._missing = 0
         self._evidence: Counter[str] = Counter()
+        self._onset_checked = 0
+        self._onset_failed = 0
 
     def check(
         self, token: WordToken, first_frame_pts: float | None, av_offset: float | None,
-        evidence: str = "assigned",
+        evidence: str = "assigned", acoustic_onset: float | None = None,
     ) -> SyncCheck:
-        """The Level-3 verdict for ``token`` (see the module docstring for the semantics)."""
+        """The Level-3 verdict for ``token`` (see the module docstring for the semantics);
+        ``acoustic_onset`` is the word's onset in the audio where it follows silence, else None."""
         audio = float(token.start)
         text = math.nan if first_frame_pts is None else float(first_frame_pts)
         if av_offset is not None and math.isfinite(av_offset):
@@ -103,19 +118,29 @@ class Level3Validator:
         else:
             max_delta_ms = 1000.0 * (max(times) - min(times))
         ok = max_delta_ms <= self.tolerance_ms + _SLACK_MS
+        audio_error_ms = None
+        if acoustic_onset is not None and math.isfinite(acoustic_onset):
+            audio_error_ms = 1000.0 * (audio - acoustic_onset)
+            lo, hi = onset_window_ms(token.text)
+            onset_ok = lo - _SLACK_MS <= audio_error_ms <= hi + _SLACK_MS
+            self._onset_checked += 1
+            self._onset_failed += int(not onset_ok)
+            ok = ok and onset_ok
         self._record(max_delta_ms, ok, evidence)
         return SyncCheck(
             token=token.text, pts=audio, audio=audio, video=video, text=text,
             max_delta_ms=max_delta_ms, ok=ok, evidence=evidence,
+            audio_onset=acoustic_onset if audio_error_ms is not None else None, audio_error_ms=audio_error_ms,
         )
 
     def check_estimate(
-        self, token: WordToken, first_frame_pts: float | None, estimate: OffsetEstimate | None
+        self, token: WordToken, first_frame_pts: float | None, estimate: OffsetEstimate | None,
+        acoustic_onset: float | None = None,
     ) -> SyncCheck:
         """:meth:`check` with the offset and evidence taken from an :class:`OffsetEstimate`."""
         if estimate is None or estimate.offset_s is None or estimate.source is None:
-            return self.check(token, first_frame_pts, None, "assigned")
-        return self.check(token, first_frame_pts, estimate.offset_s, estimate.source)
+            return self.check(token, first_frame_pts, None, "assigned", acoustic_onset)
+        return self.check(token, first_frame_pts, estimate.offset_s, estimate.source, acoustic_onset)
 
     def _record(self, max_delta_ms: float, ok: bool, evidence: str) -> None:
         self._checked += 1
@@ -151,6 +176,8 @@ class Level3Validator:
             max_delta_ms_p50=pct(50),
             max_delta_ms_p95=pct(95),
             max_delta_ms_max=round(float(d.max()), 2) if d.size else None,
+            onset_checked=self._onset_checked,
+            onset_failed=self._onset_failed,
         )
 
 
@@ -170,4 +197,6 @@ def sync_event(check: SyncCheck) -> dict[str, Any]:
         "max_delta_ms": _finite(check.max_delta_ms, 2),
         "ok": check.ok,
         "evidence": check.evidence,
+        "audio_onset": None if check.audio_onset is None else _finite(check.audio_onset, 4),
+        "audio_error_ms": None if check.audio_error_ms is None else _finite(check.audio_error_ms, 1),
     }

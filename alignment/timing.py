@@ -1,40 +1,28 @@
-"""Word-timing refinement by synthesis: speak the recognised words, align the speech to the audio.
+"""Word-timing refinement: put each recognised word where it was said, for any voice.
 
-Whisper's DTW word timestamps on connected speech are ~135 ms off on average (≈ +80 ms late,
-first word snapped to the segment start). Refinement here follows the aeneas idea: synthesise
-the recognised text with espeak-ng (whose word events give exact word onsets in the synthetic
-reference), compute level- and noise-matched MFCCs of the reference and the real audio, and
-align the two with a causal DTW (:mod:`alignment.timing_dtw`). Each word's reference onset is
-then carried through the alignment path into the real audio.
+Whisper's DTW word timestamps on connected speech are ~110 ms off on average (≈ +70 ms late,
+the first word snapped to the segment start). Two aligners improve on them, tried in order:
 
-How it would do on human speech (honest limits):
-* The benchmark's truth is espeak speech, the same synthesiser as the reference, and espeak word
-  events (which sit 10-30 ms before the energy onset, stop closures included) define both sides.
-  Held-out voices, rates, sentences and 10 dB noise test generalisation within espeak, but a
-  human voice is much further from the reference than any espeak voice: expect the error to
-  grow towards what text-to-speech DTW aligners (aeneas) report at word level, tens of ms, with
-  occasional large slips across pauses, hesitations and words the synthesiser pronounces
-  differently. A phone-level acoustic model (Montreal Forced Aligner, ≈ 21-27 ms) is the
-  stronger option for human speech; this method needs no trained aligner and no downloads.
-* Onsets follow espeak's convention (start of the word including a stop closure), not a
-  phonetician's acoustic onset; on human speech the two differ by up to a few tens of ms.
-* Recognition errors put wrong words in the reference. A substituted word mostly still aligns;
-  a dropped word ("platforms every" for "platform seven every") pulls the next word onto the
-  missing one (a few hundred ms). A refined time over MAX_SHIFT_S from Whisper's estimate is
-  rejected in favour of the estimate.
+1. **Forced alignment with a human-speech acoustic model** (:mod:`alignment.forced`,
+   PocketSphinx's en-us HMMs): the recognised words are aligned phone by phone to the audio.
+   It was trained on many human speakers, so it does not care what the speaker sounds like.
+2. **Alignment by synthesis** (the aeneas idea; :mod:`alignment.timing_dtw`): espeak-ng speaks
+   the words, and a causal DTW over level- and noise-matched MFCCs carries each word's onset in
+   the synthetic reference into the real audio. It is exact on speech that sounds like espeak-ng
+   and drifts on voices that do not (BENCHMARKS.md), but it tolerates recognition errors: a
+   forced alignment of words that were not said finds no path, and this is the fallback then.
 
-Measured (bench/word_timing.py, held-out sentences and voices, Whisper tiny.en): raw ≈ 110 ms
-mean |onset error| and ≈ 19 % within ±40 ms; refined ≈ 8 ms and ≈ 97 % (clean and 10 dB SNR).
+A refined time over MAX_SHIFT_S from Whisper's estimate is rejected in favour of the estimate
+(a dropped word can pull the next one onto it).
 
-Streaming: with ``lookahead_s`` set (the design allows up to 0.2 s), each word's time is computed
-from audio that ends at ``word.start + lookahead_s`` (Whisper's estimate), never later: the DTW
-rows are real-audio frames, its recurrence is causal, and level/noise statistics come from that
-same prefix. A word whose onset the path has not reached by then is put at the end of the
-evidence (the earliest time consistent with it); Whisper's early first-word estimates make this
-the main streaming error. A streaming recogniser emits finals one or two at a time; refined
-alone, a one-word reference matches any similar stretch of audio, so `models.asr.StreamingASR`
-puts the utterance's last two final words before them (``context``, not aligned again): on six
-bench streams 72 % -> 93 % of final onsets within ±40 ms, for ~4 ms more per emission.
+Streaming: with ``lookahead_s``, each word's time is computed from audio that ends at
+``word.end + lookahead_s`` (Whisper's estimate; a streaming recogniser makes a word final only
+once audio past its end is in, so this costs no waiting), never later. The forced aligner aligns
+the words up to it (only the first phones of the last one when the audio stops first); the DTW
+fallback's rows are real-audio frames and its recurrence is causal, so it keeps the same bound. A streaming recogniser
+emits finals one or two at a time, so `models.asr.StreamingASR` puts the utterance's last two
+final words before them (``context``, not aligned again): a one- or two-word text matches any
+similar stretch of audio.
 """
 
 from __future__ import annotations
@@ -74,6 +62,9 @@ MAX_BATCH_CELLS = 4_000_000
 MAX_GROUP_S = 8.0
 MAX_GAP_S = 1.0
 MIN_WORD_S = 0.02
+
+#: Audio kept before a group that starts on already-timed context words.
+CONTEXT_MARGIN_S = 0.1
 
 _WORD_CHARS = re.compile(r"[^\w'%.$-]+")
 
@@ -167,8 +158,8 @@ def refine_word_times(
 
     ``audio`` is 16 kHz mono float32 whose sample 0 is at ``audio_start_pts``. With
     ``lookahead_s`` (streaming), a word's refined times depend on no audio later than its
-    estimated start + ``lookahead_s``; a word whose onset lies beyond that evidence is placed just
-    after it. Words the alignment cannot place keep their estimates. The first ``context`` words
+    estimated end + ``lookahead_s``. Words the alignment cannot place keep their estimates. The
+    first ``context`` words
     (already timed) only lead the reference: they are returned as given, at no alignment cost.
     """
     if lookahead_s is not None and not lookahead_s >= 0.0:
@@ -188,12 +179,18 @@ def refine_word_times(
         for group in _groups(words, keep):
             if group[-1] < context:
                 continue
-            try:
-                times = _refine_group(x, audio_start_pts, [words[i] for i in group],
-                                      tuple(texts[i] for i in group), lookahead_s, [i >= context for i in group])
-            except SynthesisUnavailable as exc:
-                log.warning("word-timing refinement unavailable (%s); keeping Whisper's times", exc)
-                break
+            group_words = [words[i] for i in group]
+            wanted = [i >= context for i in group]
+            times = _forced_group(x, audio_start_pts, group_words, lookahead_s, wanted,
+                                  led=group[0] < context)
+            if any(w and t[0] is None for w, t in zip(wanted, times, strict=True)):
+                try:
+                    by_dtw = _refine_group(x, audio_start_pts, group_words, tuple(texts[i] for i in group),
+                                           lookahead_s, wanted)
+                except SynthesisUnavailable as exc:
+                    log.warning("alignment by synthesis unavailable (%s); keeping Whisper's times", exc)
+                    by_dtw = [(None, None)] * len(group)
+                times = [t if t[0] is not None else d for t, d in zip(times, by_dtw, strict=True)]
             mapped.update(zip(group, times, strict=True))
 
     out: list[WordToken] = list(words[:context])
@@ -241,6 +238,43 @@ def _groups(words: Sequence[WordToken], keep: Sequence[int]) -> list[list[int]]:
     return groups
 
 
+def _forced_group(
+    x: np.ndarray, pts0: float, words: Sequence[WordToken], lookahead_s: float | None, wanted: Sequence[bool],
+    led: bool,
+) -> list[tuple[float | None, float | None]]:
+    """(start, end) on the session clock of the ``wanted`` words of one run, by forced alignment
+    ((None, None) where it found no alignment). ``led``: the run starts on context words whose
+    times are already right, so little audio is taken before them."""
+    from alignment.forced import aligner, available
+
+    result: list[tuple[float | None, float | None]] = [(None, None)] * len(words)
+    if not available():
+        return result
+
+    def sample_at(t: float) -> int:
+        return int(np.clip(round((t - pts0) * SAMPLE_RATE), 0, len(x)))
+
+    lo = sample_at(words[0].start - (CONTEXT_MARGIN_S if led else MARGIN_S))
+    t0 = pts0 + lo / SAMPLE_RATE
+    texts = [w.text for w in words]
+    if lookahead_s is None:  # offline: one alignment of the whole run
+        spans = aligner().align(x[lo : sample_at(max(w.end for w in words) + MARGIN_S)], texts)
+        if spans is not None:
+            result = [(None, None) if s is None or not want else (t0 + s.start, t0 + s.end)
+                      for s, want in zip(spans, wanted, strict=True)]
+        return result
+    for j, w in enumerate(words):  # streaming: word j sees audio up to its own bound only
+        if not wanted[j]:
+            continue
+        bound = int(round((w.end + lookahead_s - pts0) * SAMPLE_RATE))
+        stop = min(max(bound, 0), len(x))
+        # Audio that ends before the bound may stop inside the word: align only its first phones.
+        spans = aligner().align(x[lo:stop], texts[: j + 1], last_open=bound > len(x)) if stop > lo else None
+        if spans is not None and spans[j] is not None:
+            result[j] = (t0 + spans[j].start, None)
+    return result
+
+
 def _refine_group(
     x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None,
     wanted: Sequence[bool],
@@ -262,7 +296,7 @@ def _refine_group(
     for j, w in enumerate(words):
         if not wanted[j]:
             continue
-        stop = seg_hi if lookahead_s is None else min(sample_at(w.start + lookahead_s), seg_hi)
+        stop = seg_hi if lookahead_s is None else min(sample_at(w.end + lookahead_s), seg_hi)
         n_frames = 1 + (stop - seg_lo - WIN) // HOP if stop - seg_lo >= WIN else 0
         if n_frames >= 2:
             stops.setdefault(n_frames, []).append(j)

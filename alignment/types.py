@@ -107,7 +107,8 @@ class SyncCheck:
 
     ``evidence`` names what the video time rests on: ``"markers"`` (flash/click sync markers),
     ``"lips"`` (lip motion vs speech envelope), or ``"assigned"`` (only the pipeline's own pts,
-    which proves nothing by itself).
+    which proves nothing by itself). The audio time is the aligner's; where the word follows
+    silence it is also checked against the acoustic onset, and ``ok`` needs that check too.
     """
 
     token: str
@@ -118,3 +119,7 @@ class SyncCheck:
     max_delta_ms: float
     ok: bool
     evidence: str = "assigned"
+    #: The word's acoustic onset (session s) where it follows silence (alignment.onsets), and the
+    #: placed start minus it (ms); None when the audio gives no such evidence.
+    audio_onset: float | None = None
+    audio_error_ms: float | None = None

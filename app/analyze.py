@@ -132,12 +132,22 @@ def estimate_av_offset(media: DecodedMedia, faces: FaceTrack | None) -> tuple[fl
 
 
 def level3(
-    tokens: list[WordToken], first_frame: dict[int, float | None], offset: float | None, evidence: str
+    tokens: list[WordToken], first_frame: dict[int, float | None], offset: float | None, evidence: str,
+    audio: np.ndarray | None = None, audio_pts: float = 0.0,
 ) -> list[SyncCheck]:
+    """Level-3 per token; with ``audio``, words that follow silence are also checked against their
+    acoustic onset (evidence the aligner did not make)."""
+    from alignment.onsets import onset_after_silence
     from alignment.sync import Level3Validator
 
     validator = Level3Validator()
-    return [validator.check(tok, first_frame[i], offset, evidence) for i, tok in enumerate(tokens)]
+    checks = []
+    for i, tok in enumerate(tokens):
+        onset = None
+        if audio is not None:
+            onset = onset_after_silence(audio, audio_pts, tok.start, tokens[i - 1].start if i else None)
+        checks.append(validator.check(tok, first_frame[i], offset, evidence, onset))
+    return checks
 
 
 def _latest_frame_at(frames: tuple[VideoFrame, ...], pts: float, start: int) -> int:
@@ -258,7 +268,8 @@ def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[dict[str, Any], 
     attached = clock.run("align", lambda: attach_tokens(tokens, n_frames))
     first_frame = {i: item.first_frame_pts for i, item in enumerate(attached)}
     offset, evidence, confidence = clock.run("evidence", lambda: estimate_av_offset(media, faces))
-    checks = clock.run("level3", lambda: level3(tokens, first_frame, offset, evidence))
+    checks = clock.run("level3", lambda: level3(tokens, first_frame, offset, evidence,
+                                                media.audio if media.has_audio else None, media.audio_pts))
 
     options.out_dir.mkdir(parents=True, exist_ok=True)
     renderer_report: dict[str, Any] = {"backend": "overlay"}

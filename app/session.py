@@ -145,6 +145,7 @@ class Session:
         self._pacer: Any = None
         self._flash_pending: deque[tuple[float, float]] = deque(maxlen=256)  # (pts, flash) awaiting AUs
         self._estimate: tuple[float, Any] | None = None  # (wall, OffsetEstimate), refreshed ≤ 1/s
+        self._last_final_start: float | None = None  # the word before, for the onset check
 
     # --- wiring -----------------------------------------------------------------------------
 
@@ -449,8 +450,13 @@ class Session:
                 est = self._safe("sync", self._offset_estimator.estimate)
                 self._estimate = (now, est) if est is not None else None
             estimate = self._estimate[1] if self._estimate is not None else None
+        onset = None
+        if self._offset_estimator is not None:
+            previous = self._last_final_start
+            onset = self._safe("sync", lambda: self._offset_estimator.acoustic_onset(shown.token.start, previous))
+        self._last_final_start = shown.token.start
         check = self._safe("sync", lambda: self._validator.check_estimate(
-            shown.token, frame_pts(shown.frames[0]), estimate))
+            shown.token, frame_pts(shown.frames[0]), estimate, onset))
         if check is None:
             return
         self._sync_total += 1

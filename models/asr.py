@@ -548,7 +548,7 @@ class StreamingConfig:
     vad_threshold: float = 0.5
     pre_roll_s: float = 0.25  # audio kept before the VAD start
     tail_s: float = 0.15  # audio kept after the VAD end when finalising
-    lookahead_s: float = 0.2  # refinement may look this far past a word (bounded)
+    lookahead_s: float = 0.1  # refinement may look this far past a word's estimated end (bounded)
     refine_context: int = 2  # final words of the utterance that lead the refinement's reference
     agreement: int = 2  # LocalAgreement-n
     min_commit_s: float = 0.3  # no finals before the utterance has this much audio (junk guard)

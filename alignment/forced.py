@@ -1,0 +1,216 @@
+"""Forced alignment of known words to speech with PocketSphinx's acoustic model.
+
+Word times must hold for any speaker, not only for voices that sound like a reference
+synthesizer. PocketSphinx's en-us acoustic model (continuous HMMs trained on many human speakers;
+the model, CMUdict and the decoder ship in the ``pocketsphinx`` wheel) aligns a transcript to
+the audio phone by phone in 10 ms frames, with optional silence between words. Words CMUdict
+lacks (names, Whisper's misspellings, digits) are pronounced by espeak-ng's letter-to-sound rules
+(:func:`alignment.espeak.phonemes`) mapped onto the model's ARPAbet phones.
+
+A decoder is not thread-safe and costs ~20 MB, so each thread that aligns gets its own
+(:func:`aligner`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from alignment.types import SAMPLE_RATE
+
+log = logging.getLogger(__name__)
+
+FRAME_S = 0.01
+#: Phones of a word cut by the end of the audio that are aligned to find its onset.
+ONSET_PHONES = 2
+#: Viterbi beams wide enough that an alignment of fast or unusual speech is never pruned away
+#: (the decoder's defaults lost one sentence in twelve of fast synthetic speech).
+_BEAMS = {"beam": 1e-80, "wbeam": 1e-60, "pbeam": 1e-80}
+#: Silence added at both ends: the alignment's first and last words need room for their <sil>
+#: (without it the last word was now and then dropped from the segmentation).
+_PAD_S = 0.1
+#: Dither (≈ -80 dBFS): digital silence has no spectrum, and the model's features break on it.
+_DITHER = 1e-4
+#: Rebuild a decoder after this many added pronunciations, so its dictionary stays bounded.
+_MAX_ADDED_WORDS = 2000
+_FILLERS = {"<s>", "</s>", "<sil>", "[NOISE]", "[SPEECH]", "(NULL)"}
+
+#: espeak-ng's English phoneme mnemonics → the acoustic model's ARPAbet phones (longest match
+#: first; stress marks and syllable/word marks are dropped).
+_ESPEAK_TO_ARPABET: dict[str, str] = {
+    "aI@": "AY ER", "aU@": "AW ER", "i@3": "IH R", "e@": "EH R", "i@": "IH R", "U@": "UH R", "O@": "AO R",
+    "o@": "AO R", "A@": "AA R", "A:": "AA", "aI": "AY", "aU": "AW", "eI": "EY", "oU": "OW", "OI": "OY",
+    "i:": "IY", "u:": "UW", "3:": "ER", "O:": "AO", "@L": "AH L", "@2": "AH", "@5": "AH", "I2": "IH",
+    "I#": "IH", "a#": "AH", "aa": "AE", "@": "AH", "3": "ER", "a": "AE", "e": "EH", "E": "EH", "i": "IY",
+    "I": "IH", "0": "AA", "O": "AO", "o": "OW", "U": "UH", "u": "UW", "V": "AH", "A": "AA",
+    "tS": "CH", "dZ": "JH", "t#": "T", "d#": "D", "z#": "Z", "n-": "N", "l-": "L", "r-": "R", "m-": "M",
+    "p": "P", "b": "B", "t": "T", "d": "D", "k": "K", "g": "G", "f": "F", "v": "V", "T": "TH", "D": "DH",
+    "s": "S", "z": "Z", "S": "SH", "Z": "ZH", "h": "HH", "m": "M", "n": "N", "N": "NG", "l": "L", "r": "R",
+    "w": "W", "j": "Y", "x": "K", "?": "T", "C": "HH",
+}
+_MNEMONICS = sorted(_ESPEAK_TO_ARPABET, key=len, reverse=True)
+_NON_WORD = re.compile(r"[^a-z0-9']+")
+
+
+@dataclass(frozen=True)
+class AlignedWord:
+    """One word's span in the aligned audio (s from the audio's first sample)."""
+
+    start: float
+    end: float
+
+
+def normalize(word: str) -> str:
+    """The dictionary spelling of a recognised word: lower case, letters, digits and apostrophes."""
+    return _NON_WORD.sub("", word.lower()).strip("'")
+
+
+def espeak_arpabet(word: str) -> str:
+    """ARPAbet phones for any spelling, from espeak-ng's pronunciation ("" if it has none)."""
+    from alignment.espeak import phonemes
+
+    mnemonics = phonemes(word)
+    phones: list[str] = []
+    i = 0
+    while i < len(mnemonics):
+        for m in _MNEMONICS:
+            if mnemonics.startswith(m, i):
+                phones.append(_ESPEAK_TO_ARPABET[m])
+                i += len(m)
+                break
+        else:
+            i += 1  # stress, length and boundary marks, or a mnemonic with no English counterpart
+    return " ".join(phones)
+
+
+class ForcedAligner:
+    """Aligns a word sequence to 16 kHz mono audio (one thread at a time; see :func:`aligner`)."""
+
+    def __init__(self) -> None:
+        self._decoder = None
+        self._added = 0
+        self._cmn = ""
+
+    def _new_decoder(self) -> object:
+        from pocketsphinx import Decoder
+
+        self._added = 0
+        # bestpath (lattice rescoring) is for language-model search; in alignment it could return
+        # a path without the last word.
+        dec = Decoder(samprate=SAMPLE_RATE, loglevel="FATAL", bestpath=False, **_BEAMS)
+        self._cmn = dec.get_cmn()
+        return dec
+
+    def _run(self, dec: object, audio: np.ndarray, text: str) -> list[tuple[str, int, int]] | None:
+        """Decode ``audio`` against ``text``: (word, first frame, last frame) of the padded audio."""
+        # The decoder carries state from one utterance to the next (Gaussian selection starts from
+        # the last frame's), which moved first words by up to 50 ms with what was aligned before.
+        # The same short silent utterance before each call puts it in the same state every time.
+        _reset(dec, self._cmn)
+        pad = np.zeros(int(_PAD_S * SAMPLE_RATE), np.float32)
+        x = np.concatenate([pad, np.asarray(audio, np.float32), pad])
+        x += np.random.default_rng(0).normal(0.0, _DITHER, len(x)).astype(np.float32)
+        pcm = (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16).tobytes()
+        try:
+            dec.set_align_text(text)
+            dec.start_utt()
+            dec.process_raw(pcm, full_utt=True)
+            dec.end_utt()
+        except RuntimeError as exc:
+            log.debug("forced alignment failed: %s", exc)
+            return None
+        if dec.hyp() is None:
+            return None
+        return [(s.word, s.start_frame, s.end_frame) for s in dec.seg()]
+
+    def _spell(self, word: str) -> str | None:
+        """The dictionary entry to align ``word`` with (added from espeak-ng when CMUdict lacks it)."""
+        key = normalize(word)
+        if not key:
+            return None
+        if self._decoder.lookup_word(key) is not None:
+            return key
+        phones = espeak_arpabet(key)
+        if not phones:
+            return None
+        self._decoder.add_word(key, phones, update=True)
+        self._added += 1
+        return key
+
+    def _onset_of(self, key: str) -> str:
+        """A dictionary entry for the first phones of ``key``: enough to find where it starts in
+        audio that stops inside it (a streaming look-ahead)."""
+        phones = (self._decoder.lookup_word(key) or "").split()[:ONSET_PHONES]
+        entry = f"{key}__onset"
+        if self._decoder.lookup_word(entry) is None and phones:
+            self._decoder.add_word(entry, " ".join(phones), update=True)
+            self._added += 1
+        return entry
+
+    def align(self, audio: np.ndarray, words: Sequence[str], last_open: bool = False
+              ) -> list[AlignedWord | None] | None:
+        """Each word's span in ``audio``; None for a word that cannot be pronounced, and None for
+        the whole call when no alignment of the words fits the audio.
+
+        ``last_open``: the audio may stop inside the last word; only its first phones are aligned
+        (its span's end is then where the audio ends, not the word's).
+        """
+        if self._decoder is None or self._added >= _MAX_ADDED_WORDS:
+            self._decoder = self._new_decoder()
+        spelled = [self._spell(w) for w in words]
+        if last_open and spelled and spelled[-1] is not None:
+            spelled[-1] = self._onset_of(spelled[-1])
+        text = [s for s in spelled if s is not None]
+        if not text or len(audio) < 3 * int(FRAME_S * SAMPLE_RATE) * len(text):
+            return None
+        segs = self._run(self._decoder, audio, " ".join(text))
+        if segs is None:
+            return None
+        spans = [AlignedWord(first * FRAME_S - _PAD_S, (last + 1) * FRAME_S - _PAD_S)
+                 for word, first, last in segs if word not in _FILLERS]
+        if len(spans) != len(text):
+            return None
+        it = iter(spans)
+        return [None if s is None else next(it) for s in spelled]
+
+
+_RESET_PCM = (np.random.default_rng(1).normal(0.0, _DITHER, int(0.2 * SAMPLE_RATE)) * 32767.0
+              ).astype(np.int16).tobytes()
+
+
+def _reset(dec: object, cmn: str) -> None:
+    """The decoder's state as new: its cepstral-mean prior and noise statistics, then a fixed
+    silent utterance (its result is not used) for the rest."""
+    dec.set_cmn(cmn)
+    dec.start_stream()
+    dec.set_align_text("a")
+    dec.start_utt()
+    dec.process_raw(_RESET_PCM, full_utt=True)
+    dec.end_utt()
+
+
+_LOCAL = threading.local()
+
+
+def aligner() -> ForcedAligner:
+    """This thread's aligner (decoders are not thread-safe; decode lanes each get one)."""
+    a = getattr(_LOCAL, "aligner", None)
+    if a is None:
+        a = _LOCAL.aligner = ForcedAligner()
+    return a
+
+
+@lru_cache(maxsize=1)
+def available() -> bool:
+    """True when the pocketsphinx package (with its bundled en-us model) imports."""
+    try:
+        import pocketsphinx  # noqa: F401
+    except ImportError:
+        return False
+    return True

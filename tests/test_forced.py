@@ -1,0 +1,122 @@
+"""Word timing on voices the aligner was not built from: festival's HTS and diphone voices.
+
+The truth is each synthesizer's own word boundaries (app.festival); Whisper (tiny.en, real
+weights) recognises the words, and the refinement must put them where they were said.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from alignment.forced import ForcedAligner, aligner, espeak_arpabet
+from alignment.onsets import onset_after_silence, onset_window_ms
+from alignment.sync import Level3Validator
+from alignment.timing import refine_word_times
+from alignment.types import SAMPLE_RATE, WordToken
+from app import festival, testmedia
+from tests.test_timing import _onset_errors_ms
+
+pytestmark = pytest.mark.skipif(not festival.available("slt_hts"), reason="festival voices not installed")
+
+SENTENCES = ("the old bridge was painted green last summer", "a small dog waited patiently by the door")
+
+
+@pytest.fixture(scope="module")
+def hts_speech() -> testmedia.Speech:
+    sp = festival.synthesize_festival(SENTENCES[0], "slt_hts", lead_in_s=0.4)
+    return testmedia.Speech(np.concatenate([sp.samples, np.zeros(SAMPLE_RATE // 2, np.float32)]), sp.words, sp.text)
+
+
+@pytest.fixture(scope="module")
+def hts_raw(whisper_model, hts_speech):
+    from models.asr import transcribe_words
+
+    return transcribe_words(hts_speech.samples, refine=False, model=whisper_model)
+
+
+def test_festival_gives_speech_with_word_times():
+    sp = festival.synthesize_festival("hello there my friend", "kal_diphone", lead_in_s=0.25)
+    assert [w.text for w in sp.words] == ["hello", "there", "my", "friend"]
+    starts = [w.start for w in sp.words]
+    assert starts == sorted(starts) and starts[0] >= 0.25
+    assert sp.duration > starts[-1] > 0.5
+    assert np.abs(sp.samples).max() > 0.05
+    with pytest.raises(ValueError):
+        festival.synthesize_festival("hello", "no_such_voice")
+
+
+def test_refined_onsets_hold_on_a_human_trained_voice(hts_speech, hts_raw):
+    e_raw = _onset_errors_ms(hts_raw, hts_speech.words)
+    refined = refine_word_times(hts_speech.samples, 0.0, hts_raw)
+    e = _onset_errors_ms(refined, hts_speech.words)
+    print(f"slt_hts: raw mean {e_raw.mean():.0f} ms ±40 {np.mean(e_raw <= 40):.0%}; "
+          f"refined mean {e.mean():.0f} ms ±40 {np.mean(e <= 40):.0%}")
+    assert len(e) >= 6
+    assert np.mean(e <= 40) >= 0.85
+    assert e.mean() <= 30.0
+    assert e.mean() <= 0.5 * e_raw.mean()
+
+
+def test_streaming_bound_holds_and_times_hold(hts_speech, hts_raw):
+    """A word's streamed time uses no audio past its estimated end + the look-ahead."""
+    audio, look = hts_speech.samples, 0.1
+    streamed = refine_word_times(audio, 0.0, hts_raw, lookahead_s=look)
+    assert np.mean(_onset_errors_ms(streamed, hts_speech.words) <= 40) >= 0.75
+    rng = np.random.default_rng(0)
+    for i in (1, len(hts_raw) // 2):
+        bound = int(round((hts_raw[i].end + look) * SAMPLE_RATE))
+        altered = audio.copy()
+        altered[bound:] = rng.normal(0, 0.3, len(audio) - bound).astype(np.float32)
+        again = refine_word_times(altered, 0.0, hts_raw, lookahead_s=look)[i]
+        assert again.start == streamed[i].start, f"word {i} {hts_raw[i].text!r} saw audio past its bound"
+
+
+def test_alignment_is_the_same_whatever_came_before(hts_speech):
+    """The decoder keeps state between utterances; each alignment starts from the same one."""
+    words = SENTENCES[0].split()
+    fresh = ForcedAligner().align(hts_speech.samples, words)
+    other = festival.synthesize_festival(SENTENCES[1], "ked_diphone", lead_in_s=0.3)
+    a = ForcedAligner()
+    a.align(other.samples, SENTENCES[1].split())
+    assert fresh is not None and a.align(hts_speech.samples, words) == fresh
+
+
+def test_words_no_dictionary_has_are_pronounced_and_aligned():
+    assert espeak_arpabet("blorptastic").split()[:2] == ["B", "L"]
+    assert espeak_arpabet("7") == "S EH V AH N"
+    sp = festival.synthesize_festival("we met doctor quimbleworth at noon", "kal_diphone", lead_in_s=0.3)
+    spans = aligner().align(sp.samples, ["we", "met", "doctor", "quimbleworth", "at", "noon"])
+    assert spans is not None and all(s is not None for s in spans)
+    truth = {w.text: w.start for w in sp.words}
+    assert abs(spans[3].start - truth["quimbleworth"]) <= 0.04
+
+
+def test_words_that_were_not_said_find_no_alignment_and_fall_back(hts_speech, hts_raw):
+    assert ForcedAligner().align(hts_speech.samples[: SAMPLE_RATE // 2], SENTENCES[0].split()) is None
+    wrong = [WordToken("elephants", w.start, w.end) if i == 3 else w for i, w in enumerate(hts_raw)]
+    out = refine_word_times(hts_speech.samples, 0.0, wrong)  # the synthesis DTW takes over
+    assert len(out) == len(wrong) and all(b.end > b.start for b in out)
+    assert [w.start for w in out] == sorted(w.start for w in out)
+
+
+def test_level3_catches_a_word_placed_80_ms_off(hts_speech, hts_raw):
+    """A word after silence is checked against its acoustic onset, which no aligner made."""
+    audio = testmedia.add_noise(hts_speech.samples, 30.0, seed=1)  # a room, not digital silence
+    refined = refine_word_times(audio, 0.0, hts_raw)
+    first = refined[0]  # follows the lead-in silence
+    onset = onset_after_silence(audio, 0.0, first.start)
+    assert onset is not None and abs(onset - hts_speech.words[0].start) <= 0.12
+    lo, hi = onset_window_ms(first.text)
+    v = Level3Validator()
+    ok = v.check(first, first.start + 0.01, None, "assigned", onset)
+    assert ok.ok and ok.audio_error_ms is not None and lo <= ok.audio_error_ms <= hi
+    # A late word is caught whatever its first sound; an early one only where the sound rises with
+    # the word (a stop's closure or a weak consonant may lead its rise by up to 120 ms).
+    shifts = (0.08, -0.08) if lo > -80 else (0.08,)
+    for shift in shifts:
+        moved = WordToken(first.text, first.start + shift, first.end + shift)
+        bad = v.check(moved, moved.start + 0.01, None, "assigned", onset_after_silence(audio, 0.0, moved.start))
+        assert not bad.ok, f"a word {1000 * shift:+.0f} ms off passed"
+    summary = v.summary()
+    assert summary.onset_checked == 1 + len(shifts) and summary.onset_failed == len(shifts)
