@@ -15,11 +15,12 @@ the first word snapped to the segment start). Two aligners improve on them, trie
 A refined time over MAX_SHIFT_S from Whisper's estimate is rejected in favour of the estimate
 (a dropped word can pull the next one onto it).
 
-Streaming: with ``lookahead_s``, each word's time is computed from audio that ends at
-``word.end + lookahead_s`` (Whisper's estimate; a streaming recogniser makes a word final only
-once audio past its end is in, so this costs no waiting), never later. The forced aligner aligns
-the words up to it (only the first phones of the last one when the audio stops first); the DTW
-fallback's rows are real-audio frames and its recurrence is causal, so it keeps the same bound. A streaming recogniser
+Streaming: with ``lookahead_s``, a call's times are computed from audio that ends at the last
+word's ``end + lookahead_s`` (Whisper's estimate; a streaming recogniser makes words final only
+once audio past their end is in, so this costs no waiting), never later: one forced alignment
+of the words (only the first phones of the last one when the audio stops first). The DTW
+fallback bounds each word at its own ``end + lookahead_s`` (its rows are real-audio frames and
+its recurrence is causal). A streaming recogniser
 emits finals one or two at a time, so `models.asr.StreamingASR` puts the utterance's last two
 final words before them (``context``, not aligned again): a one- or two-word text matches any
 similar stretch of audio.
@@ -157,7 +158,7 @@ def refine_word_times(
     """Return ``words`` with start/end refined against the audio (see the module docstring).
 
     ``audio`` is 16 kHz mono float32 whose sample 0 is at ``audio_start_pts``. With
-    ``lookahead_s`` (streaming), a word's refined times depend on no audio later than its
+    ``lookahead_s`` (streaming), the refined times depend on no audio later than the last word's
     estimated end + ``lookahead_s``. Words the alignment cannot place keep their estimates. The
     first ``context`` words
     (already timed) only lead the reference: they are returned as given, at no alignment cost.
@@ -263,15 +264,16 @@ def _forced_group(
             result = [(None, None) if s is None or not want else (t0 + s.start, t0 + s.end)
                       for s, want in zip(spans, wanted, strict=True)]
         return result
-    for j, w in enumerate(words):  # streaming: word j sees audio up to its own bound only
-        if not wanted[j]:
-            continue
-        bound = int(round((w.end + lookahead_s - pts0) * SAMPLE_RATE))
-        stop = min(max(bound, 0), len(x))
-        # Audio that ends before the bound may stop inside the word: align only its first phones.
-        spans = aligner().align(x[lo:stop], texts[: j + 1], last_open=bound > len(x)) if stop > lo else None
-        if spans is not None and spans[j] is not None:
-            result[j] = (t0 + spans[j].start, None)
+    last = max(j for j, want in enumerate(wanted) if want)  # streaming: one alignment up to the bound
+    bound = int(round((words[last].end + lookahead_s - pts0) * SAMPLE_RATE))
+    stop = min(max(bound, 0), len(x))
+    # Audio that ends before the bound may stop inside the last word: align only its first phones.
+    cut = bound > len(x)
+    spans = aligner().align(x[lo:stop], texts[: last + 1], last_open=cut) if stop > lo else None
+    if spans is not None:
+        for j, s in enumerate(spans):
+            if wanted[j] and s is not None:
+                result[j] = (t0 + s.start, None if cut and j == last else t0 + s.end)
     return result
 
 

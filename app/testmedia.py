@@ -187,6 +187,7 @@ def make_av_clip(
     av_offset_s: float = 0.0,
     voice: str = "en-us",
     wpm: int = 160,
+    speech: Speech | None = None,
 ) -> AVClip:
     """Speech with known word onsets over a talking face, with optional flash/click sync markers.
 
@@ -194,9 +195,12 @@ def make_av_clip(
     With ``markers``, every frame carries the black marker patch (top-left), lit by a light pulse
     of one frame period starting at each marker instant (+ offset), integrated over each frame's
     exposure cell so its brightness keeps the sub-frame phase (see alignment.evidence); the audio
-    gets a 1 kHz click at each marker instant.
+    gets a 1 kHz click at each marker instant. ``speech`` (with its lead-in) replaces the
+    espeak-ng speech of ``text``.
     """
-    speech = synthesize_speech(text, voice=voice, wpm=wpm, lead_in_s=lead_in_s)
+    if speech is None:
+        speech = synthesize_speech(text, voice=voice, wpm=wpm, lead_in_s=lead_in_s)
+    text = speech.text
     audio = np.concatenate([speech.samples, np.zeros(int(tail_s * SAMPLE_RATE), np.float32)])
     audio = add_clicks(audio, list(markers))
     n_frames = int(len(audio) / SAMPLE_RATE * fps)
@@ -209,6 +213,16 @@ def make_av_clip(
         for k, level in flash_exposure(t + av_offset_s, n_frames, fps).items():
             frames[k] = add_flash(frames[k], level)
     return AVClip(audio, frames, fps, speech.words, text, tuple(markers), av_offset_s)
+
+
+def speak(text: str, voice: str = "en-us", lead_in_s: float = 0.0) -> Speech:
+    """``text`` in an espeak-ng voice, or in a festival voice named ``festival:<voice>``
+    (app.festival), with each word's exact onset."""
+    if voice.startswith("festival:"):
+        from app.festival import synthesize_festival
+
+        return synthesize_festival(text, voice.split(":", 1)[1], lead_in_s=lead_in_s)
+    return synthesize_speech(text, voice=voice, lead_in_s=lead_in_s)
 
 
 def write_wav(path: str | Path, samples: np.ndarray, rate: int = SAMPLE_RATE) -> None:

@@ -119,15 +119,6 @@ class Session:
         return len(self.audio) / SAMPLE_RATE
 
 
-def speak(sentence: str, voice: str) -> testmedia.Speech:
-    """``sentence`` in an espeak-ng voice, or a festival voice named ``festival:<voice>``."""
-    if voice.startswith("festival:"):
-        from app.festival import synthesize_festival
-
-        return synthesize_festival(sentence, voice.split(":", 1)[1])
-    return testmedia.synthesize_speech(sentence, voice=voice)
-
-
 def make_session(k: int, n_sentences: int, sentences: tuple[str, ...] = SENTENCES,
                  voices: tuple[str, ...] = VOICES) -> Session:
     """Stream ``k``: ``n_sentences`` sentences in voice ``k``, 0.9 s pauses, 0.5 s lead and tail."""
@@ -139,7 +130,7 @@ def make_session(k: int, n_sentences: int, sentences: tuple[str, ...] = SENTENCE
     for j in range(n_sentences):
         sentence = sentences[(k * 3 + j) % len(sentences)]
         text += sentence.split()
-        sp = speak(sentence, voice)
+        sp = testmedia.speak(sentence, voice)
         loud = np.nonzero(np.abs(sp.samples) > 0.01)[0]
         speech_end = (loud[-1] + 1) / SAMPLE_RATE if loud.size else sp.duration
         for i, w in enumerate(sp.words):
