@@ -257,6 +257,7 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         and s.get("evidence", "assigned") != "assigned"
     ]
     offset = quantile(av, 0.5)
+    onset_err = [float(s["audio_error_ms"]) for s in syncs if isinstance(s.get("audio_error_ms"), (int, float))]
     evidence: dict[str, int] = {}
     for s in syncs:
         key = str(s.get("evidence", "assigned"))
@@ -272,6 +273,10 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "evidence": evidence,
         # The validator's own offset policy: the evidence put the video more than 40 ms off the audio.
         "flagged": offset is not None and abs(offset) > FLAG_THRESHOLD_MS,
+        # Words after silence checked against their acoustic onset (audio time vs the audio itself).
+        "onset_checks": len(onset_err),
+        "onset_failed": sum(not bool(s.get("ok")) for s in syncs if isinstance(s.get("audio_error_ms"), (int, float))),
+        "onset_error_ms_p50": _round(quantile(onset_err, 0.5)),
     }
 
 
