@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 APT_PACKAGES := espeak-ng libespeak-ng1 chromium chromium-driver fonts-dejavu-core \
-                festival festvox-us-slt-hts festvox-kallpc16k festvox-kdlpc16k
+                festival festvox-us-slt-hts festvox-kallpc16k festvox-kdlpc16k alsa-utils
 
 .PHONY: run test setup system lint bench
 
@@ -17,7 +17,7 @@ test: $(STAMP)
 setup: $(STAMP)
 
 # System packages (espeak-ng and festival voices for generated test speech with exact word times,
-# Chromium for the browser test).
+# alsa-utils for its recorded test voice (bench/word_timing.py), Chromium for the browser test).
 system:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -126,3 +126,23 @@ def test_in_sync_clip_passes_with_evidence():
     assert estimate.source == "markers" and abs(estimate.offset_s) < 0.002
     assert all(c.ok for c in with_evidence)
     assert not Level3Validator().offset_flagged(estimate)
+
+
+def test_onset_evidence_fails_a_word_placed_away_from_its_sound():
+    """The audio time is checked against the word's acoustic onset where it follows silence: a
+    sharp onset (a vowel, a nasal) within -50..+40 ms, a soft one (stop, weak consonant) within
+    -120..+40 ms, since its sound rises after the word begins."""
+    v = Level3Validator()
+    sharp = WordToken("money", 2.000, 2.3, True)
+    soft = WordToken("table", 2.000, 2.3, True)
+    assert v.check(sharp, 2.01, None, "assigned", acoustic_onset=2.02).ok  # 20 ms early: fine
+    assert not v.check(sharp, 2.01, None, "assigned", acoustic_onset=2.08).ok  # 80 ms early
+    assert not v.check(sharp, 2.01, None, "assigned", acoustic_onset=1.92).ok  # 80 ms late
+    assert v.check(soft, 2.01, None, "assigned", acoustic_onset=2.08).ok  # the burst comes after the closure
+    assert not v.check(soft, 2.01, None, "assigned", acoustic_onset=1.92).ok  # never after its sound
+    check = v.check(sharp, 2.01, None, "assigned")  # no onset evidence: judged as before
+    assert check.ok and check.audio_onset is None and check.audio_error_ms is None
+    s = v.summary()
+    assert (s.checked, s.onset_checked, s.onset_failed) == (6, 5, 3)
+    event = sync_event(v.check(sharp, 2.01, None, "assigned", acoustic_onset=2.02))
+    assert event["audio_onset"] == 2.02 and event["audio_error_ms"] == -20.0
