@@ -189,6 +189,8 @@ def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = N
         except httpx.HTTPError as exc:
             registry.unreachable(node_key, f"{request.method} session: {type(exc).__name__}: {exc}"[:200])
             return refuse(502, f"node {node_key} did not answer; retry")
+        if request.method == "DELETE" and resp.status_code == 200:
+            registry.released(node_key)
         return Response(resp.content, status_code=resp.status_code,
                         media_type=resp.headers.get("content-type", "text/plain"))
 

@@ -59,6 +59,7 @@ class NodeRegistry:
     def __init__(self, config: RegistryConfig) -> None:
         self.config = config
         self._nodes: dict[str, _Node] = {}
+        self._starting: set[asyncio.Task] = set()
 
     # --- what the ingress reads and reports -------------------------------------------------
 
@@ -79,6 +80,14 @@ class NodeRegistry:
         """A session was just placed on ``key``: count it until the node's next report."""
         node = self._nodes[key]
         node.view = replace(node.view, placed=node.view.placed + 1)
+
+    def released(self, key: str) -> None:
+        """A session on ``key`` was ended through the ingress: its room is free before the next report."""
+        node = self._nodes[key]
+        if node.view.placed:
+            node.view = replace(node.view, placed=node.view.placed - 1)
+        else:
+            node.view = replace(node.view, sessions=max(node.view.sessions - 1, 0))
 
     def full(self, key: str) -> None:
         """``key`` refused a session (503): take no more there until its next report."""
@@ -109,16 +118,20 @@ class NodeRegistry:
     async def run(self, client: httpx.AsyncClient) -> None:
         """Discover nodes, start their servers and poll them, until cancelled."""
         next_discovery = 0.0
-        while True:
-            if time.monotonic() >= next_discovery:
-                next_discovery = time.monotonic() + self.config.discover_interval_s
-                try:
-                    await self._discover()
-                except Exception:  # noqa: BLE001 - a Ray hiccup must not stop the watch
-                    log.exception("node discovery failed; retrying")
-            await asyncio.gather(*(self._poll(key, client) for key, n in list(self._nodes.items())
-                                   if n.view.url and n.view.state != LOST))
-            await asyncio.sleep(self.config.poll_interval_s)
+        try:
+            while True:
+                if time.monotonic() >= next_discovery:
+                    next_discovery = time.monotonic() + self.config.discover_interval_s
+                    try:
+                        await self._discover()
+                    except Exception:  # noqa: BLE001 - a Ray hiccup must not stop the watch
+                        log.exception("node discovery failed; retrying")
+                await asyncio.gather(*(self._poll(key, client) for key, n in list(self._nodes.items())
+                                       if n.view.url and n.view.state != LOST))
+                await asyncio.sleep(self.config.poll_interval_s)
+        finally:
+            for task in self._starting:
+                task.cancel()
 
     async def _discover(self) -> None:
         import ray
@@ -139,7 +152,9 @@ class NodeRegistry:
         actor = await asyncio.to_thread(self._create_actor, node_id)
         self._nodes[key] = _Node(NodeView(key, None, STARTING), node_id, actor)
         log.info("node %s: starting its server", key)
-        asyncio.create_task(self._await_start(key), name=f"start-node-{key}")
+        task = asyncio.create_task(self._await_start(key), name=f"start-node-{key}")
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
 
     def _create_actor(self, node_id: str) -> Any:
         import ray
