@@ -200,7 +200,7 @@ class NodeRegistry:
         node = self._nodes[key]
         try:
             await asyncio.wait_for(node.actor.info.remote(), self.config.readyz_timeout_s)
-        except ray.exceptions.RayActorError as exc:
+        except ray.exceptions.ActorDiedError as exc:
             self.lose(key, f"its server's actor died ({type(exc).__name__})")
         except (TimeoutError, ray.exceptions.RayError):
-            pass  # no answer yet: stays unreachable until Ray decides
+            pass  # no answer yet, or "temporarily unavailable": unreachable until Ray decides
