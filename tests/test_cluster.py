@@ -165,7 +165,6 @@ async def test_sessions_spread_fill_and_survive_a_node_removal(ray_cluster, av_c
         await _wait(lambda: a.pc.connectionState in ("failed", "closed"), timeout=30, what="a's connection to end")
         print(f"the removed node's client saw its session end {time.monotonic() - removed:.1f} s after the removal")
         assert a.frames_received - frames_a <= 16  # at most what was already in flight
-        assert await a.close() == 404  # DELETE through the ingress: the session is gone with its node
 
         # New sessions go to the node that is left, and only there.
         assert await b.close() == 200
@@ -177,6 +176,7 @@ async def test_sessions_spread_fill_and_survive_a_node_removal(ray_cluster, av_c
         assert full.value.status == 503
         assert await c.close() == 200
         await _wait_state(ingress, ka, (LOST,), timeout=40)  # Ray confirms the node is gone: never again
+        assert await a.close() == 404  # DELETE through the ingress: the session is gone with its node
         ready = (await ingress.get("/readyz")).json()
         assert ready["nodes_ready"] == 1 and ready["capacity"] == 1
         metrics = (await ingress.get("/metrics")).text
