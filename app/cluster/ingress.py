@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from app.cluster.aggregate import merge_lst, merge_metrics
 from app.cluster.placement import LOST, READY, NodeView, placement_order
 from app.cluster.registry import NodeRegistry, RegistryConfig
-from app.server import SdpError, check_offer
+from app.server import OfferRefused, allow_cross_origin, read_offer
 
 log = logging.getLogger("synchrony.cluster")
 
@@ -62,29 +62,6 @@ def _plain(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return PlainTextResponse(message + "\n", status_code=status, headers=headers)
 
 
-async def _read_offer(request: Request, max_bytes: int) -> str | Response:
-    """The offer's SDP, or the refusal a single server would send for it (415, 413, 400)."""
-    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if ctype != "application/sdp":
-        return _plain(415, f"Content-Type must be application/sdp, not {ctype or 'missing'!r}")
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_bytes:
-        return _plain(413, f"SDP offer larger than {max_bytes} bytes")
-    body = b""
-    async for part in request.stream():
-        body += part
-        if len(body) > max_bytes:
-            return _plain(413, f"SDP offer larger than {max_bytes} bytes")
-    try:
-        sdp = body.decode("utf-8")
-        check_offer(sdp)
-    except UnicodeDecodeError:
-        return _plain(400, "SDP offer is not UTF-8 text")
-    except SdpError as exc:
-        return _plain(400, str(exc))
-    return sdp
-
-
 def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = None) -> FastAPI:
     """The ingress app; it watches the cluster's nodes (``registry``) while it runs."""
     registry = registry or NodeRegistry(config)
@@ -106,12 +83,7 @@ def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = N
     app.state.registry = registry
     app.state.metrics = metrics
 
-    if server.allowed_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(server.allowed_origins),
-                           allow_methods=["POST", "DELETE", "GET", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Location"])
+    allow_cross_origin(app, server.allowed_origins)
 
     def refuse(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
         metrics.rejected.labels(str(status)).inc()
@@ -143,10 +115,10 @@ def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = N
         refused = gate(request)
         if refused is not None:
             return refused
-        sdp = await _read_offer(request, server.max_sdp_bytes)
-        if isinstance(sdp, Response):
-            metrics.rejected.labels(str(sdp.status_code)).inc()
-            return sdp
+        try:
+            sdp = await read_offer(request, server.max_sdp_bytes)
+        except OfferRefused as exc:
+            return refuse(exc.status, str(exc))
         headers = {"Content-Type": "application/sdp", **forwarded_headers(request)}
         for node in placement_order(registry.views()):
             try:
