@@ -189,3 +189,28 @@ async def _wait(condition, timeout: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.1)
+
+
+def test_cluster_metrics_label_every_node_and_keep_families_together():
+    from app.cluster.aggregate import merge_metrics, with_node_label
+
+    assert with_node_label('m{a="b c"} 1.0', "n1") == 'm{node="n1",a="b c"} 1.0'
+    assert with_node_label("m 2.0", "n1") == 'm{node="n1"} 2.0'
+    node = "# HELP s live\n# TYPE s gauge\ns 1.0\n# HELP e ended\n# TYPE e counter\ne_total{reason=\"x\"} 3.0\n"
+    text = merge_metrics("# HELP own x\n# TYPE own gauge\nown 1.0\n", {"n1": node, "n2": node})
+    lines = text.splitlines()
+    assert lines[:3] == ["# HELP own x", "# TYPE own gauge", "own 1.0"]
+    assert lines[3:] == ["# HELP s live", "# TYPE s gauge", 's{node="n1"} 1.0', 's{node="n2"} 1.0',
+                         "# HELP e ended", "# TYPE e counter", 'e_total{node="n1",reason="x"} 3.0',
+                         'e_total{node="n2",reason="x"} 3.0']
+
+
+def test_cluster_lst_takes_the_worst_node():
+    from app.cluster.aggregate import merge_lst
+
+    fast = {"ttft_ms_p99": 60.0, "itl_ms_max": 90.0, "jitter_ms": 2.0, "sessions": 1, "per_session": {"s1": {}}}
+    slow = {"ttft_ms_p99": 150.0, "itl_ms_max": 70.0, "jitter_ms": None, "sessions": 2, "per_session": {"s2": {}}}
+    merged = merge_lst({"a": fast, "b": slow})
+    assert (merged["ttft_ms_p99"], merged["itl_ms_max"], merged["jitter_ms"]) == (150.0, 90.0, 2.0)
+    assert merged["tier"] == "bronze" and merged["sessions"] == 3  # gold on node a alone, bronze for the cluster
+    assert set(merged["per_session"]) == {"a/s1", "b/s2"} and "per_session" not in merged["per_node"]["a"]
