@@ -121,18 +121,20 @@ def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = N
             return refuse(exc.status, str(exc))
         headers = {"Content-Type": "application/sdp", **forwarded_headers(request)}
         for node in placement_order(registry.views()):
+            registry.placed(node.key)  # counted before the answer, so concurrent offers spread out
             try:
                 resp = await http["client"].post(f"{node.url}/whip", content=sdp, headers=headers)
             except httpx.HTTPError as exc:
+                registry.released(node.key)
                 registry.unreachable(node.key, f"POST /whip: {type(exc).__name__}: {exc}"[:200])
                 continue
             if resp.status_code == 503:
                 registry.full(node.key)  # its own count was ahead of its last report: try the next
                 continue
             if resp.status_code != 201:  # the node could not use the offer: its answer, as is
+                registry.released(node.key)
                 metrics.rejected.labels(str(resp.status_code)).inc()
                 return _plain(resp.status_code, resp.text.strip()[:300])
-            registry.placed(node.key)
             metrics.placements.labels(node.key).inc()
             session = resp.headers.get("location", "").rstrip("/").rsplit("/", 1)[-1]
             log.info("session %s placed on node %s", session, node.key)

@@ -77,12 +77,13 @@ class NodeRegistry:
                       **({"why": n.why} if n.why else {})} for key, n in self._nodes.items()}
 
     def placed(self, key: str) -> None:
-        """A session was just placed on ``key``: count it until the node's next report."""
+        """A session is being placed on ``key``: count it until the node's next report."""
         node = self._nodes[key]
         node.view = replace(node.view, placed=node.view.placed + 1)
 
     def released(self, key: str) -> None:
-        """A session on ``key`` was ended through the ingress: its room is free before the next report."""
+        """A session on ``key`` ended through the ingress, or a placement there failed: its room is free
+        again before the node's next report."""
         node = self._nodes[key]
         if node.view.placed:
             node.view = replace(node.view, placed=node.view.placed - 1)
