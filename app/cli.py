@@ -74,15 +74,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from app.cluster.ingress import serve_cluster
+    from app.cluster.ingress import NoRayCluster, serve_cluster
     from app.cluster.registry import RegistryConfig
 
     if not 0 <= args.local_nodes <= 8 or args.node_cpus < 1:
         print("synchrony cluster: --local-nodes must be 0..8 and --node-cpus at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     config = RegistryConfig(server=_server_config(args, ui=False), node_host=args.node_host)
-    serve_cluster(args.host, args.port, config, ray_address=args.ray_address, local_nodes=args.local_nodes,
-                  node_cpus=args.node_cpus)
+    try:
+        serve_cluster(args.host, args.port, config, ray_address=args.ray_address, local_nodes=args.local_nodes,
+                      node_cpus=args.node_cpus)
+    except NoRayCluster as exc:
+        print(f"synchrony cluster: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return EXIT_OK
 
 

@@ -130,8 +130,7 @@ async def test_sessions_spread_fill_and_survive_a_node_removal(ray_cluster, av_c
         assert ready["capacity"] == 2 and len(ready["nodes"]) == 2
         a = WhipPeer(f"{base}/whip", av_clip, loop=True, token=TOKEN)
         b = WhipPeer(f"{base}/whip", av_clip, loop=True, token=TOKEN)
-        await a.connect()
-        await b.connect()
+        await asyncio.gather(a.connect(), b.connect())  # at once: they still land on different nodes
         ka, kb = _node_key(a), _node_key(b)
         assert {ka, kb} == set(ready["nodes"])  # one session on each node
         metrics = (await ingress.get("/metrics")).text
@@ -214,3 +213,13 @@ def test_cluster_lst_takes_the_worst_node():
     assert (merged["ttft_ms_p99"], merged["itl_ms_max"], merged["jitter_ms"]) == (150.0, 90.0, 2.0)
     assert merged["tier"] == "bronze" and merged["sessions"] == 3  # gold on node a alone, bronze for the cluster
     assert set(merged["per_session"]) == {"a/s1", "b/s2"} and "per_session" not in merged["per_node"]["a"]
+
+
+def test_cluster_command_refuses_bad_options_in_one_line():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "cluster", "--local-nodes", "99"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "--local-nodes must be 0..8" in proc.stderr
+    assert "Traceback" not in proc.stderr

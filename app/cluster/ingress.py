@@ -228,6 +228,10 @@ def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = N
     return app
 
 
+class NoRayCluster(RuntimeError):
+    """``synchrony cluster`` found no Ray cluster to join."""
+
+
 def serve_cluster(host: str, port: int, config: RegistryConfig, ray_address: str | None = None,
                   local_nodes: int = 0, node_cpus: int = 1) -> None:
     """Run the ingress until interrupted (blocking): on a running Ray cluster, or on a local one it starts."""
@@ -240,8 +244,12 @@ def serve_cluster(host: str, port: int, config: RegistryConfig, ray_address: str
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
     cluster = start_local_cluster(local_nodes, node_cpus) if local_nodes else None
-    ray.init(address=cluster.address if cluster is not None else ray_address, namespace=NAMESPACE,
-             log_to_driver=False)
+    try:
+        ray.init(address=cluster.address if cluster is not None else ray_address, namespace=NAMESPACE,
+                 log_to_driver=False)
+    except ConnectionError as exc:
+        raise NoRayCluster(f"no Ray cluster at {ray_address!r} ({exc}); start one (`ray start --head`, "
+                           "nodes with --resources '{\"synchrony_node\": 1}') or pass --local-nodes N") from None
     try:
         uvicorn.run(create_ingress_app(config), host=host, port=port, log_level="info")
     finally:
