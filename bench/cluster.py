@@ -180,7 +180,7 @@ async def removal_phase(url: str, client: httpx.AsyncClient, cluster: Any, args:
     rnd = await peers
     rows = [peer_row(p) for p in rnd["peers"]]
     gone = [r for r in rows if r["node"] == victim]
-    kept = [r for r in rows if r["node"] != victim]
+    kept = [r for r in rows if r["node"] not in (None, victim)]
     print(f"    removed node {victim}: the ingress stopped placing there after {stopped_s} s, lost after {lost_s} s")
     for r in rows:
         print(f"    peer {r['peer']} on node {r['node']}{' (removed)' if r['node'] == victim else ''}: "
@@ -192,7 +192,9 @@ async def removal_phase(url: str, client: httpx.AsyncClient, cluster: Any, args:
     out["removal"] = {"victim": victim, "stopped_placing_s": stopped_s, "lost_s": lost_s, "rows": rows,
                       "load_avg": rnd["load_avg"], "after": after_rows,
                       "placements": {k: v for k, v in metrics.items() if k.startswith("synchrony_cluster_placements")}}
-    ok = verdict("ingress stops placing on the removed node within 2 s", stopped_s is not None and stopped_s <= 2.0,
+    ok = verdict("every peer connected before the removal", all(r["connected"] for r in rows),
+                 f"{sum(r['connected'] for r in rows)} of {len(rows)}")
+    ok &= verdict("ingress stops placing on the removed node within 2 s", stopped_s is not None and stopped_s <= 2.0,
                  f"{stopped_s if stopped_s is None else round(stopped_s, 2)} s")
     ok &= verdict("the removed node is marked lost", lost_s is not None, f"after {lost_s and round(lost_s, 1)} s")
     ok &= verdict("its sessions end (video stops, the client's connection ends)", bool(gone) and all(

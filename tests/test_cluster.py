@@ -128,6 +128,7 @@ async def test_sessions_spread_fill_and_survive_a_node_removal(ray_cluster, av_c
     async with running_server(app_) as base, httpx.AsyncClient(base_url=base) as ingress:
         ready = await _wait_ready_nodes(ingress, 2, timeout=150)
         assert ready["capacity"] == 2 and len(ready["nodes"]) == 2
+        assert all(node["missing"] == {} for node in ready["nodes"].values())  # every stage runs on every node
         a = WhipPeer(f"{base}/whip", av_clip, loop=True, token=TOKEN)
         b = WhipPeer(f"{base}/whip", av_clip, loop=True, token=TOKEN)
         await asyncio.gather(a.connect(), b.connect())  # at once: they still land on different nodes

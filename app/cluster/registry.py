@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -51,6 +51,7 @@ class _Node:
     actor: Any
     pid: int | None = None
     why: str = ""  # why it is unreachable or lost
+    missing: dict[str, str] = field(default_factory=dict)  # stages its server runs without, and why
 
 
 class NodeRegistry:
@@ -74,7 +75,7 @@ class NodeRegistry:
         """Every node as /readyz shows it."""
         return {key: {"state": n.view.state, "url": n.view.url, "sessions": n.view.sessions,
                       "capacity": n.view.capacity, "free": n.view.free, "pid": n.pid, "ray_node_id": n.node_id,
-                      **({"why": n.why} if n.why else {})} for key, n in self._nodes.items()}
+                      "missing": n.missing, **({"why": n.why} if n.why else {})} for key, n in self._nodes.items()}
 
     def placed(self, key: str) -> None:
         """A session is being placed on ``key``: count it until the node's next report."""
@@ -192,7 +193,7 @@ class NodeRegistry:
             return
         node.view = replace(node.view, state=READY if body.get("ready") else WARMING, placed=0,
                             sessions=int(body.get("sessions", 0)), capacity=node_capacity(body))
-        node.why = ""
+        node.why, node.missing = "", body.get("missing") or {}
 
     async def _confirm_alive(self, key: str) -> None:
         """Ask Ray whether an unreachable node's actor still lives; a dead one is lost for good."""
