@@ -1,4 +1,5 @@
-"""The `synchrony` command: analyze a recording, serve live sessions, load-test, retrain the controller.
+"""The `synchrony` command: analyze a recording, serve live sessions (one server or a Ray cluster),
+load-test, retrain the controller.
 
 Exit codes scripts can rely on: 0 done; 1 internal error; 2 bad input or usage (nothing written);
 3 partial result written (e.g. a recording without audio or without video).
@@ -11,6 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from app.analyze import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
 
@@ -41,13 +43,11 @@ def _analyze(args: argparse.Namespace) -> int:
     return code
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from app.reliability import bound_native_memory
+def _server_config(args: argparse.Namespace, ui: bool = True) -> Any:
+    """The ``ServerConfig`` that ``serve`` runs, and that ``cluster`` runs on every node."""
+    from app.server import ServerConfig
 
-    bound_native_memory()  # before models load and codec threads start
-    from app.server import ServerConfig, serve
-
-    config = ServerConfig(
+    return ServerConfig(
         max_sessions=args.max_sessions,
         video_backend=args.video_backend,
         svd_model=args.svd_model,
@@ -59,8 +59,34 @@ def _serve(args: argparse.Namespace) -> int:
         output_delay_s=args.output_delay,
         media_timeout_s=args.media_timeout,
         asr_lanes=args.asr_lanes,
+        ui=ui,
     )
-    serve(args.host, args.port, config)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from app.reliability import bound_native_memory
+
+    bound_native_memory()  # before models load and codec threads start
+    from app.server import serve
+
+    serve(args.host, args.port, _server_config(args))
+    return EXIT_OK
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from app.cluster.ingress import NoRayCluster, serve_cluster
+    from app.cluster.registry import RegistryConfig
+
+    if not 0 <= args.local_nodes <= 8 or args.node_cpus < 1:
+        print("synchrony cluster: --local-nodes must be 0..8 and --node-cpus at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    config = RegistryConfig(server=_server_config(args, ui=False), node_host=args.node_host)
+    try:
+        serve_cluster(args.host, args.port, config, ray_address=args.ray_address, local_nodes=args.local_nodes,
+                      node_cpus=args.node_cpus)
+    except NoRayCluster as exc:
+        print(f"synchrony cluster: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return EXIT_OK
 
 
@@ -83,6 +109,27 @@ def _train_controller(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> None:
+    """The options of one server: ``serve``'s own, and each node's under ``cluster``."""
+    p.add_argument("--max-sessions", type=int, default=4,
+                   help="sessions per node (a node that reports a measured capacity uses that)" if per_node
+                   else None)
+    p.add_argument("--video-backend", choices=["overlay", "svd"], default="overlay")
+    p.add_argument("--svd-model", default=None, help="local SVD pipeline directory (or cached hub id)")
+    p.add_argument("--responder", choices=["caption", "openai"], default="caption")
+    p.add_argument("--llm-url", default=None, help="OpenAI-compatible endpoint for --responder openai")
+    p.add_argument("--whisper", default=None, help="Whisper checkpoint (.pt) or CTranslate2 directory")
+    p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN)")
+    p.add_argument("--allowed-origin", action="append", default=[],
+                   help="a browser Origin allowed on /whip besides the page's own (repeatable)")
+    p.add_argument("--output-delay", type=float, default=1.5,
+                   help="seconds the returned video runs behind the camera, so captions land on their frames")
+    p.add_argument("--asr-lanes", type=int, default=2,
+                   help="parallel Whisper decode threads shared by all sessions (one model copy each)")
+    p.add_argument("--media-timeout", type=float, default=10.0,
+                   help="end a session after this many seconds without media from its peer")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="synchrony", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -102,22 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="live WebRTC server (WHIP) with the browser demo at /")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-sessions", type=int, default=4)
-    p.add_argument("--video-backend", choices=["overlay", "svd"], default="overlay")
-    p.add_argument("--svd-model", default=None, help="local SVD pipeline directory (or cached hub id)")
-    p.add_argument("--responder", choices=["caption", "openai"], default="caption")
-    p.add_argument("--llm-url", default=None, help="OpenAI-compatible endpoint for --responder openai")
-    p.add_argument("--whisper", default=None, help="Whisper checkpoint (.pt) or CTranslate2 directory")
-    p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN)")
-    p.add_argument("--allowed-origin", action="append", default=[],
-                   help="a browser Origin allowed on /whip besides the page's own (repeatable)")
-    p.add_argument("--output-delay", type=float, default=1.5,
-                   help="seconds the returned video runs behind the camera, so captions land on their frames")
-    p.add_argument("--asr-lanes", type=int, default=2,
-                   help="parallel Whisper decode threads shared by all sessions (one model copy each)")
-    p.add_argument("--media-timeout", type=float, default=10.0,
-                   help="end a session after this many seconds without media from its peer")
+    _add_server_options(p)
     p.set_defaults(func=_serve)
+
+    p = sub.add_parser("cluster", help="one WHIP ingress placing sessions on the nodes of a Ray cluster "
+                       "(docs/SCALING.md)")
+    p.add_argument("--host", default="127.0.0.1", help="address of the ingress (signaling only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--ray-address", default="auto",
+                   help="Ray cluster to join (default: the one running on this machine)")
+    p.add_argument("--local-nodes", type=int, default=0,
+                   help="instead, start a Ray cluster of this many nodes on this machine (tests, demos)")
+    p.add_argument("--node-cpus", type=int, default=1, help="CPUs each --local-nodes node declares to Ray")
+    p.add_argument("--node-host", default=None,
+                   help="address every node's server binds and offers ICE candidates on (default: the "
+                   "node's $SYNCHRONY_NODE_HOST, else its Ray address)")
+    _add_server_options(p, per_node=True)
+    p.set_defaults(func=_cluster)
 
     sub.add_parser("loadtest", help="simulated WebRTC peers against a server (see `synchrony loadtest -h`)",
                    add_help=False)

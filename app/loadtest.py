@@ -270,6 +270,7 @@ async def run_peer(spec: PeerSpec, cfg: RoundConfig, clip: Any, truth: lm.ClipTr
     try:
         await asyncio.wait_for(peer.connect(timeout=cfg.connect_timeout_s), cfg.connect_timeout_s + 5)
         result["connected"] = True
+        result["location"] = peer.location  # behind a cluster ingress, it names the node (/whip/<node>/<session>)
         result["connect_ms"] = round((time.monotonic() - t_connect) * 1000, 1)
         if vp8_packets is not None:
             codec = _video_codec(peer.pc)

@@ -116,6 +116,49 @@ def check_offer(sdp: str) -> None:
             raise SdpError(f"the offer has no {what}; it may be truncated")
 
 
+class OfferRefused(Exception):
+    """A WHIP request refused before any session exists: ``status`` and the one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def read_offer(request: Request, max_bytes: int) -> str:
+    """The offer's SDP text, checked; ``OfferRefused`` 415 (not application/sdp), 413 (larger than
+    ``max_bytes``) or 400 (not UTF-8, not an offer we can answer). The cluster ingress uses it too, so
+    bad input gets the same answers there."""
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype != "application/sdp":
+        raise OfferRefused(415, f"Content-Type must be application/sdp, not {ctype or 'missing'!r}")
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise OfferRefused(413, f"SDP offer larger than {max_bytes} bytes")
+    body = b""
+    async for part in request.stream():
+        body += part
+        if len(body) > max_bytes:
+            raise OfferRefused(413, f"SDP offer larger than {max_bytes} bytes")
+    try:
+        sdp = body.decode("utf-8")
+        check_offer(sdp)
+    except UnicodeDecodeError:
+        raise OfferRefused(400, "SDP offer is not UTF-8 text") from None
+    except SdpError as exc:
+        raise OfferRefused(400, str(exc)) from None
+    return sdp
+
+
+def allow_cross_origin(app: FastAPI, origins: tuple[str, ...]) -> None:
+    """Let pages from ``origins`` use WHIP (and read ``Location``) across origins."""
+    if origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins),
+                           allow_methods=["POST", "DELETE", "GET", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Location"])
+
+
 # --- warm-up ------------------------------------------------------------------------------------
 
 
@@ -332,12 +375,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     app.state.sessions = sessions
     app.state.warm = state
 
-    if config.allowed_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
-                           allow_methods=["POST", "DELETE", "GET", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Location"])
+    allow_cross_origin(app, config.allowed_origins)
 
     def authorised(request: Request) -> bool:
         if not config.auth_token:
@@ -377,24 +415,10 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
             return _refuse(401, "missing or wrong bearer token", metrics, {"WWW-Authenticate": "Bearer"})
         if not origin_allowed(request):
             return refuse_origin(request)
-        ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if ctype != "application/sdp":
-            return _refuse(415, f"Content-Type must be application/sdp, not {ctype or 'missing'!r}", metrics)
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > config.max_sdp_bytes:
-            return _refuse(413, f"SDP offer larger than {config.max_sdp_bytes} bytes", metrics)
-        body = b""
-        async for part in request.stream():
-            body += part
-            if len(body) > config.max_sdp_bytes:
-                return _refuse(413, f"SDP offer larger than {config.max_sdp_bytes} bytes", metrics)
         try:
-            sdp = body.decode("utf-8")
-            check_offer(sdp)
-        except UnicodeDecodeError:
-            return _refuse(400, "SDP offer is not UTF-8 text", metrics)
-        except SdpError as exc:
-            return _refuse(400, str(exc), metrics)
+            sdp = await read_offer(request, config.max_sdp_bytes)
+        except OfferRefused as exc:
+            return _refuse(exc.status, str(exc), metrics)
         if not state.ready:
             return _refuse(503, "warming up, retry shortly", metrics, {"Retry-After": "2"})
         if len(sessions) + pending >= config.max_sessions:

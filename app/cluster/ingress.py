@@ -1,0 +1,259 @@
+"""The cluster's one WHIP endpoint: it places each session on a node and steps out of the way.
+
+``POST /whip`` checks the offer exactly as a single server does (same 400/401/403/413/415 answers,
+before readiness and room), then forwards it to the ready node with the most free room (see
+``placement``) and returns that node's SDP answer as is: its ICE candidates are the node's, so media
+flows between client and node and never through the ingress. The ``Location`` it gives back,
+``/whip/<node>/<session>``, names the node, so ``DELETE`` reaches the session wherever it lives and
+the ingress keeps no per-session state (it can be restarted, or run twice). ``503`` + ``Retry-After``
+when no node has room (or none is ready yet). ``/readyz``, ``/metrics`` and ``/metrics/lst`` cover
+the whole cluster, from each node's own endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from app.cluster.aggregate import merge_lst, merge_metrics
+from app.cluster.placement import LOST, READY, NodeView, placement_order
+from app.cluster.registry import NodeRegistry, RegistryConfig
+from app.server import OfferRefused, allow_cross_origin, read_offer
+
+log = logging.getLogger("synchrony.cluster")
+
+PROXY_TIMEOUT_S = 20.0  # a loaded node answers an offer in well under a second; this is the give-up
+SCRAPE_TIMEOUT_S = 3.0
+
+
+class ClusterMetrics:
+    """The ingress's own Prometheus families (the nodes' are merged in at scrape time)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.placements = Counter("synchrony_cluster_placements", "sessions placed, by node", ["node"], registry=r)
+        self.rejected = Counter("synchrony_cluster_whip_rejected", "WHIP requests the ingress refused, by status",
+                                ["status"], registry=r)
+        self.nodes = Gauge("synchrony_cluster_nodes", "nodes, by state", ["state"], registry=r)
+        self.node_sessions = Gauge("synchrony_cluster_node_sessions", "live sessions per node (last report)",
+                                   ["node"], registry=r)
+        self.node_capacity = Gauge("synchrony_cluster_node_capacity", "sessions a node admits", ["node"], registry=r)
+
+    def exposition(self, views: list[NodeView]) -> str:
+        for state in ("starting", "warming", READY, "unreachable", LOST):
+            self.nodes.labels(state).set(sum(v.state == state for v in views))
+        for v in views:
+            self.node_sessions.labels(v.key).set(v.sessions if v.state != LOST else 0)
+            self.node_capacity.labels(v.key).set(v.capacity if v.state == READY else 0)
+        return generate_latest(self.registry).decode()
+
+
+def _plain(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return PlainTextResponse(message + "\n", status_code=status, headers=headers)
+
+
+def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = None) -> FastAPI:
+    """The ingress app; it watches the cluster's nodes (``registry``) while it runs."""
+    registry = registry or NodeRegistry(config)
+    server = config.server
+    metrics = ClusterMetrics()
+    http: dict[str, httpx.AsyncClient] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        http["client"] = client = httpx.AsyncClient(timeout=PROXY_TIMEOUT_S)
+        watch = asyncio.create_task(registry.run(client), name="cluster-watch")
+        yield
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        await client.aclose()
+
+    app = FastAPI(title="synchrony cluster", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.registry = registry
+    app.state.metrics = metrics
+
+    allow_cross_origin(app, server.allowed_origins)
+
+    def refuse(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+        metrics.rejected.labels(str(status)).inc()
+        return _plain(status, message, headers)
+
+    def gate(request: Request) -> Response | None:
+        """The bearer token and browser-origin checks of a single server, or None when they pass."""
+        if server.auth_token:
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {server.auth_token}".encode()):
+                return refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        origin = request.headers.get("origin")
+        if (origin is not None and origin not in server.allowed_origins
+                and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()):
+            return refuse(403, f"origin {origin[:80]!r} is not allowed (same origin or allowed_origins only)")
+        return None
+
+    def forwarded_headers(request: Request) -> dict[str, str]:
+        auth = request.headers.get("authorization")
+        return {"Authorization": auth} if auth else {}
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        log.exception("internal error", exc_info=exc)
+        return _plain(500, "internal server error")
+
+    @app.post("/whip")
+    async def whip_offer(request: Request) -> Response:
+        refused = gate(request)
+        if refused is not None:
+            return refused
+        try:
+            sdp = await read_offer(request, server.max_sdp_bytes)
+        except OfferRefused as exc:
+            return refuse(exc.status, str(exc))
+        headers = {"Content-Type": "application/sdp", **forwarded_headers(request)}
+        for node in placement_order(registry.views()):
+            registry.placed(node.key)  # counted before the answer, so concurrent offers spread out
+            try:
+                resp = await http["client"].post(f"{node.url}/whip", content=sdp, headers=headers)
+            except httpx.HTTPError as exc:
+                registry.released(node.key)
+                registry.unreachable(node.key, f"POST /whip: {type(exc).__name__}: {exc}"[:200])
+                continue
+            if resp.status_code == 503:
+                registry.full(node.key)  # its own count was ahead of its last report: try the next
+                continue
+            if resp.status_code != 201:  # the node could not use the offer: its answer, as is
+                registry.released(node.key)
+                metrics.rejected.labels(str(resp.status_code)).inc()
+                return _plain(resp.status_code, resp.text.strip()[:300])
+            metrics.placements.labels(node.key).inc()
+            session = resp.headers.get("location", "").rstrip("/").rsplit("/", 1)[-1]
+            log.info("session %s placed on node %s", session, node.key)
+            return Response(resp.content, status_code=201, media_type="application/sdp",
+                            headers={"Location": f"/whip/{node.key}/{session}"})
+        views = registry.views()
+        if not any(v.state == READY for v in views):
+            return refuse(503, "no node is ready yet, retry shortly", {"Retry-After": "2"})
+        capacity = sum(v.capacity for v in views if v.state == READY)
+        return refuse(503, f"cluster full ({capacity} sessions on {sum(v.state == READY for v in views)} nodes)",
+                      {"Retry-After": "5"})
+
+    async def to_session(node_key: str, session_id: str, request: Request) -> Response:
+        """Forward a request on a session resource to the node that holds it."""
+        refused = gate(request)
+        if refused is not None:
+            return refused
+        node = registry.get(node_key)
+        if node is None or node.url is None:
+            return refuse(404, "no such session")
+        if node.state == LOST:
+            return refuse(404, "no such session: its node has left the cluster")
+        try:
+            resp = await http["client"].request(request.method, f"{node.url}/whip/{session_id}",
+                                                headers=forwarded_headers(request))
+        except httpx.HTTPError as exc:
+            registry.unreachable(node_key, f"{request.method} session: {type(exc).__name__}: {exc}"[:200])
+            return refuse(502, f"node {node_key} did not answer; retry")
+        if request.method == "DELETE" and resp.status_code == 200:
+            registry.released(node_key)
+        return Response(resp.content, status_code=resp.status_code,
+                        media_type=resp.headers.get("content-type", "text/plain"))
+
+    @app.delete("/whip/{node_key}/{session_id}")
+    async def whip_delete(node_key: str, session_id: str, request: Request) -> Response:
+        return await to_session(node_key, session_id, request)
+
+    @app.get("/whip/{node_key}/{session_id}")
+    async def whip_status(node_key: str, session_id: str, request: Request) -> Response:
+        return await to_session(node_key, session_id, request)
+
+    @app.api_route("/whip/{session_id}", methods=["GET", "DELETE"])
+    async def whip_unknown(session_id: str) -> Response:
+        return refuse(404, "no such session")
+
+    @app.patch("/whip/{path:path}")
+    async def whip_patch(path: str) -> Response:
+        return _plain(405, "trickle ICE is not supported; send a complete offer", {"Allow": "DELETE"})
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        views = [v for v in registry.views() if v.state != LOST]
+        return {"status": "ok", "sessions": sum(v.sessions for v in views), "nodes": len(views)}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        views = registry.views()
+        ready = [v for v in views if v.state == READY]
+        capacity = sum(v.capacity for v in ready)
+        body = {"ready": bool(ready), "nodes_ready": len(ready), "sessions": sum(v.sessions for v in ready),
+                "capacity": capacity, "max_sessions": capacity, "nodes": registry.describe()}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def scrape(path: str) -> dict[str, httpx.Response]:
+        live = [v for v in registry.views() if v.url and v.state != LOST]
+
+        async def one(view: NodeView) -> httpx.Response | None:
+            with contextlib.suppress(httpx.HTTPError):
+                return await http["client"].get(f"{view.url}{path}", timeout=SCRAPE_TIMEOUT_S)
+            return None
+
+        answers = await asyncio.gather(*(one(v) for v in live))
+        return {v.key: r for v, r in zip(live, answers, strict=True) if r is not None and r.status_code == 200}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        nodes = {key: r.text for key, r in (await scrape("/metrics")).items()}
+        text = merge_metrics(metrics.exposition(registry.views()), nodes)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/metrics/lst")
+    async def lst() -> Response:
+        nodes = {}
+        for key, r in (await scrape("/metrics/lst")).items():
+            with contextlib.suppress(ValueError):
+                nodes[key] = r.json()
+        if not nodes:
+            return JSONResponse({"error": "no node reports LST metrics"}, status_code=503)
+        return JSONResponse(merge_lst(nodes))
+
+    return app
+
+
+class NoRayCluster(RuntimeError):
+    """``synchrony cluster`` found no Ray cluster to join."""
+
+
+def serve_cluster(host: str, port: int, config: RegistryConfig, ray_address: str | None = None,
+                  local_nodes: int = 0, node_cpus: int = 1) -> None:
+    """Run the ingress until interrupted (blocking): on a running Ray cluster, or on a local one it starts."""
+    import ray
+    import uvicorn
+
+    from app.cluster.local import start_local_cluster, stop_local_cluster
+    from app.cluster.registry import NAMESPACE
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
+    cluster = start_local_cluster(local_nodes, node_cpus) if local_nodes else None
+    try:
+        ray.init(address=cluster.address if cluster is not None else ray_address, namespace=NAMESPACE,
+                 log_to_driver=False)
+    except ConnectionError as exc:
+        raise NoRayCluster(f"no Ray cluster at {ray_address!r} ({exc}); start one (`ray start --head`, "
+                           "nodes with --resources '{\"synchrony_node\": 1}') or pass --local-nodes N") from None
+    try:
+        uvicorn.run(create_ingress_app(config), host=host, port=port, log_level="info")
+    finally:
+        if cluster is not None:
+            stop_local_cluster(cluster)
+        else:
+            ray.shutdown()
