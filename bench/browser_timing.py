@@ -159,7 +159,8 @@ async def main() -> int:
               f"within ±40 ms {100 * np.mean(a <= 40) if a.size else 0:5.1f} %  median signed "
               f"{np.median(e) if e.size else float('nan'):+6.1f} ms  shared start times {shared}")
     print(f"  browser clock offset c = {c:.0f} ms (fake devices start before the call)")
-    print("  errors (ms): aiortc", np.round(e_peer).astype(int).tolist(), "browser", np.round(e_page).astype(int).tolist())
+    print("  errors (ms): aiortc", np.round(e_peer).astype(int).tolist(),
+          "browser", np.round(e_page).astype(int).tolist())
     ap_, ab = np.abs(e_peer), np.abs(e_page)
     ok = (ab.size >= 0.8 * ap_.size > 0 and np.mean(ab <= 40) >= np.mean(ap_ <= 40) - 0.05
           and ab.mean() <= ap_.mean() + 10 and rows["browser page"][1] == 0)
