@@ -59,6 +59,8 @@ def _serve(args: argparse.Namespace) -> int:
         output_delay_s=args.output_delay,
         media_timeout_s=args.media_timeout,
         asr_lanes=args.asr_lanes,
+        admission=args.admission,
+        **({"session_cost_cores": args.session_cost} if args.session_cost else {}),
     )
     serve(args.host, args.port, config)
     return EXIT_OK
@@ -115,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the returned video runs behind the camera, so captions land on their frames")
     p.add_argument("--asr-lanes", type=int, default=2,
                    help="parallel Whisper decode threads shared by all sessions (one model copy each)")
+    p.add_argument("--admission", choices=["measured", "fixed"], default="measured",
+                   help="measured: admit sessions while the measured CPU per session leaves room on the usable "
+                   "cores (capped by --max-sessions); fixed: admit --max-sessions")
+    p.add_argument("--session-cost", type=float, default=0.0, help="CPU per session (cores) to assume until "
+                   "one has been measured (default: the figure measured on a 2-core machine)")
     p.add_argument("--media-timeout", type=float, default=10.0,
                    help="end a session after this many seconds without media from its peer")
     p.set_defaults(func=_serve)

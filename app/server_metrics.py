@@ -49,8 +49,19 @@ class ServerMetrics:
               registry=r).set_function(self.loop_lag.max_s)
         Gauge("synchrony_event_loop_stall_count", "event-loop stalls over 0.25 s since start",
               registry=r).set_function(lambda: self.loop_lag.stalls)
+        self.stage_cpu = Counter("synchrony_stage_cpu_seconds", "CPU seconds per stage (per-thread kernel counters; "
+                                 "app.cpu_account)", ["stage"], registry=r)
+        self.capacity = Gauge("synchrony_capacity_sessions", "sessions this server admits, from its measured CPU "
+                              "per session", registry=r)
+        self.session_cost = Gauge("synchrony_session_cost_cores", "measured CPU per live session, in cores",
+                                  registry=r)
+        self.idle_cost = Gauge("synchrony_idle_cost_cores", "measured CPU of the process with no session, in cores",
+                               registry=r)
+        self.degradation = Gauge("synchrony_degradation_level", "steps of the overload degradation order in "
+                                 "effect (0: none)", registry=r)
         self._checks = 0
         self._passed = 0
+        self._stage_cpu_seen: dict[str, float] = {}
 
     def observe_stage(self, stage: str, latency_s: float, compute_s: float | None = None) -> None:
         self.stage_latency.labels(stage).observe(max(latency_s, 0.0))
@@ -65,6 +76,14 @@ class ServerMetrics:
         self._checks += 1
         self._passed += int(ok)
         self.sync_pass_rate.set(self._passed / self._checks)
+
+    def stage_cpu_totals(self, totals: dict[str, float]) -> None:
+        """Advance the per-stage CPU counters to ``totals`` (monotone CPU seconds per stage)."""
+        for stage, total in totals.items():
+            delta = total - self._stage_cpu_seen.get(stage, 0.0)
+            if delta > 0:
+                self.stage_cpu.labels(stage).inc(delta)
+                self._stage_cpu_seen[stage] = total
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
