@@ -60,6 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
         media_timeout_s=args.media_timeout,
         asr_lanes=args.asr_lanes,
         admission=args.admission,
+        degrade=not args.no_degrade,
         **({"session_cost_cores": args.session_cost} if args.session_cost else {}),
     )
     serve(args.host, args.port, config)
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admission", choices=["measured", "fixed"], default="measured",
                    help="measured: admit sessions while the measured CPU per session leaves room on the usable "
                    "cores (capped by --max-sessions); fixed: admit --max-sessions")
+    p.add_argument("--no-degrade", action="store_true", help="never shed work under overload (docs/WIRE.md)")
     p.add_argument("--session-cost", type=float, default=0.0, help="CPU per session (cores) to assume until "
                    "one has been measured (default: the figure measured on a 2-core machine)")
     p.add_argument("--media-timeout", type=float, default=10.0,

@@ -165,6 +165,7 @@ class CapacityEstimate:
         self.idle = 0.0
         self.measured = False
         self._session_s = 0.0  # session-seconds folded into the cost
+        self.rate = 0.0  # the process's CPU (cores) over the last interval
         self._last: tuple[float, float, int] | None = None  # (time, cpu, sessions)
 
     def update(self, sessions: int) -> Capacity:
@@ -175,6 +176,7 @@ class CapacityEstimate:
         if last is not None and last[2] == sessions and now - last[0] > 0.2:
             dt = now - last[0]
             rate = max(cpu - last[1], 0.0) / dt
+            self.rate = rate
             w = 1.0 - math.exp(-dt / self.tau_s)
             if sessions == 0:
                 self.idle += w * (rate - self.idle)

@@ -56,6 +56,7 @@ def text_summary(report: dict[str, Any]) -> str:
             f"load avg {rnd.get('load_avg_before', ['?'])[0]}→{rnd.get('load_avg_after', ['?'])[0]}, "
             f"connected {a['connected']}/{a['peers']}"
             + (f", refused (503) {len(a['refused'])}" if a.get("refused") else "")
+            + (f", degradation level by time {a['degradation']}" if a.get("degradation") else "")
             + f": {'PASS' if a['bounds']['ok'] else 'FAIL'}"
         )
         for p in rnd["peers"]:

@@ -464,7 +464,9 @@ async def _run_peers(specs: list[PeerSpec], cfg: RoundConfig, setup_cpu: list[fl
 class CpuSampler:
     """Samples CPU % of the server process tree and of the load-test workers every ``period_s``."""
 
-    def __init__(self, server_pid: int | None, period_s: float = 0.5, max_samples: int = 20_000) -> None:
+    def __init__(self, server_pid: int | None, period_s: float = 0.5, max_samples: int = 20_000,
+                 readyz_url: str | None = None) -> None:
+        """``readyz_url``: also record the server's degradation level (``/readyz``) once a second."""
         import psutil
 
         self._psutil = psutil
@@ -477,6 +479,8 @@ class CpuSampler:
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._t0 = time.monotonic()
         self._tree: dict[int, Any] = {}
+        self.readyz_url = readyz_url
+        self.degradation: list[tuple[float, int]] = []  # (t, level) whenever the level changed
 
     def _tree_percent(self) -> float | None:
         if self.server is None:
@@ -505,6 +509,18 @@ class CpuSampler:
         while not self._stop.wait(self.period_s) and len(self.samples) < self.max_samples:
             self.samples.append((round(time.monotonic() - self._t0, 2), _round1(self._tree_percent()),
                                  round(self._workers_percent(), 1), self._psutil.cpu_percent(None)))
+            if self.readyz_url and len(self.samples) % max(int(round(1.0 / self.period_s)), 1) == 0:
+                self._poll_degradation()
+
+    def _poll_degradation(self) -> None:
+        import httpx
+
+        try:
+            level = httpx.get(self.readyz_url, timeout=0.5).json().get("degradation", {}).get("level")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        if isinstance(level, int) and (not self.degradation or self.degradation[-1][1] != level):
+            self.degradation.append((round(time.monotonic() - self._t0, 1), level))
 
     def add_worker(self, pid: int) -> None:
         with contextlib.suppress(self._psutil.Error):
@@ -538,7 +554,7 @@ def run_round(specs: list[PeerSpec], cfg: RoundConfig, server_pid: int | None) -
     ctx = mp.get_context("spawn")
     workers = sorted({s.worker for s in specs})
     out = ctx.Queue(maxsize=len(workers) + 1)
-    sampler = CpuSampler(server_pid).start()
+    sampler = CpuSampler(server_pid, readyz_url=base_url(cfg.url) + "/readyz").start()
     procs = []
     t_start = time.monotonic()
     for w in workers:
@@ -586,6 +602,7 @@ def run_round(specs: list[PeerSpec], cfg: RoundConfig, server_pid: int | None) -
     results.sort(key=lambda r: r["index"])
     agg = aggregate(results, cfg.min_recall, cfg.allow_refusals)
     agg["client_cpu_per_peer"] = client_cpu_per_peer(results, worker_cpu, setup_cpu)
+    agg["degradation"] = sampler.degradation  # [t, level] at each change of the server's degradation level
     return {"peers": results, "aggregate": agg, "cpu": cpu, "errors": errors,
             "wall_s": round(wall, 1), "worker_cpu_s": worker_cpu, "worker_setup_cpu_s": setup_cpu}
 

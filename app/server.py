@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from app.cpu_account import Capacity, CapacityEstimate, CpuAccount
+from app.degrade import ORDER, Degradation, OverloadSignal
 from app.reliability import freeze_warm_heap, reclaim
 from app.server_metrics import ServerMetrics
 from app.session import Session, SessionConfig, Stages
@@ -41,7 +42,7 @@ STATIC_DIR = Path(__file__).with_name("static")
 MAX_SDP_BYTES = 64 * 1024
 #: CPU (cores) of one full-pipeline session with the load test's clip on a 2-core machine, measured by
 #: ``bench/capacity.py`` (BENCHMARKS.md): the admission estimate until the server has measured its own.
-SESSION_COST_CORES = 0.9
+SESSION_COST_CORES = 0.65
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,13 @@ class ServerConfig:
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
     asr_lanes: int = 2  # decode threads sharing the sessions (2 cores: 4-stream p95 about halves vs 1)
-    admission: str = "measured"  # "measured": admit up to the capacity measured CPU allows; "fixed": max_sessions
+    # "measured": admit as many as the measured CPU per session allows (``synchrony serve``'s default);
+    # "fixed": max_sessions (in-process test servers, whose CPU includes their own test peers)
+    admission: str = "fixed"
     session_cost_cores: float = SESSION_COST_CORES  # CPU per session until this server has measured its own
     target_utilisation: float = 0.85  # of the usable cores, for admitted sessions
     retry_after_s: int = 5  # Retry-After of a 503 when full
+    degrade: bool = True  # under a brief overload, shed work in app.degrade.ORDER before words run late
     max_sdp_bytes: int = MAX_SDP_BYTES
     ui: bool = True  # mount the Gradio page at /
     warmup: bool = True  # load and run every model before /readyz says ready
@@ -307,12 +311,26 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     capacity = CapacityEstimate(config.session_cost_cores, target_utilisation=config.target_utilisation,
                                 max_sessions=config.max_sessions)
     app_capacity: list[Capacity] = [capacity.current()]
+    degradation = Degradation(enabled=config.degrade)
 
     def measure() -> None:
         """Once a second: CPU per stage into /metrics, and the capacity admission uses."""
         metrics.stage_cpu_totals(account.sample())
         now = capacity.update(len(sessions))
         app_capacity[0] = now
+        worker = state.stages.asr_worker
+        backlog = 0.0
+        if worker is not None and hasattr(worker, "stats"):
+            stats = worker.stats()
+            backlog = stats.queued_s / max(stats.streams, 1)
+        before = degradation.level
+        level = degradation.update(OverloadSignal(capacity.rate, capacity.cores, backlog), time.monotonic())
+        if level != before:
+            log.warning("degradation level %d -> %d (%s)", before, level, ", ".join(ORDER[:level]) or "none")
+            step = degradation.effects.asr_step_s
+            if worker is not None and hasattr(worker, "set_step_s"):
+                worker.set_step_s(step)
+        metrics.degradation.set(level)
         metrics.capacity.set(admit_limit())
         metrics.session_cost.set(now.cost_cores)
         metrics.idle_cost.set(now.idle_cores)
@@ -441,7 +459,8 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
                            {"Retry-After": str(config.retry_after_s)})
         pending += 1
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        session = Session(secrets.token_urlsafe(12), pc, state.stages, session_config, metrics, on_end)
+        session = Session(secrets.token_urlsafe(12), pc, state.stages, session_config, metrics, on_end,
+                          degradation=degradation)
         session.hook()
         try:
             try:
@@ -496,7 +515,9 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     def ready_body() -> dict[str, Any]:
         return {"ready": state.ready, "ready_after_s": state.ready_after_s, "cold_start": state.cold_start,
                 "missing": state.stages.missing, "sessions": len(sessions), "max_sessions": config.max_sessions,
-                "capacity": admit_limit(), "admission": {"mode": config.admission, **asdict(app_capacity[0])}}
+                "capacity": admit_limit(), "admission": {"mode": config.admission, **asdict(app_capacity[0])},
+                "degradation": {"level": degradation.level, "steps": list(ORDER[: degradation.level]),
+                                "order": list(ORDER)}}
 
     @app.get("/readyz")
     async def readyz() -> Response:

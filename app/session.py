@@ -104,13 +104,16 @@ class Session:
         config: SessionConfig,
         metrics: ServerMetrics,
         on_end: Callable[[Session, str], None] | None = None,
+        degradation: Any = None,
     ) -> None:
+        """``degradation``: the server's ``app.degrade.Degradation`` (None: never degrade)."""
         self.id = session_id
         self.pc = pc
         self.stages = stages
         self.config = config
         self.metrics = metrics
         self.on_end = on_end
+        self.degradation = degradation
         self.clock = SessionClock()
         self.loop = asyncio.get_running_loop()
         self.created = time.monotonic()
@@ -311,6 +314,8 @@ class Session:
                     break
                 t, frame, _arrival = self._slot  # type: ignore[misc]
                 self._slot = None
+            if self.degradation is not None:
+                rate.fps = min(self.config.au_max_fps, self.degradation.effects.au_fps)
             if not rate.take(t):
                 continue
             try:
@@ -527,7 +532,7 @@ class Session:
         caption = self._caption_at(k)
         au = next((s for s in reversed(self._au) if s.pts <= t), None)
         load = next((e for e in reversed(self._load) if e.pts <= t), None)
-        sync_ok, size = self._last_sync_ok, self.config.output_size
+        sync_ok, size = self._last_sync_ok, self.output_size()
 
         def build() -> Any:
             camera = None
@@ -538,6 +543,12 @@ class Session:
                                  load=load, sync_ok=sync_ok, size=size)
 
         return build
+
+    def output_size(self) -> tuple[int, int]:
+        """The returned video's size now: the configured one, halved at the degradation's video step."""
+        w, h = self.config.output_size
+        scale = self.degradation.effects.output_scale if self.degradation is not None else 1.0
+        return (w, h) if scale >= 1.0 else (max(2 * round(w * scale / 2), 16), max(2 * round(h * scale / 2), 16))
 
     def _caption_at(self, k: int) -> tuple[WordToken, ...]:
         """Words of the latest utterance already shown by frame ``k`` (for 4 s after its last word)."""
