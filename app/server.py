@@ -67,7 +67,9 @@ class ServerConfig:
     session_cost_cores: float = SESSION_COST_CORES  # CPU per session until this server has measured its own
     target_utilisation: float = 0.85  # of the usable cores, for admitted sessions
     retry_after_s: int = 5  # Retry-After of a 503 when full
-    degrade: bool = True  # under a brief overload, shed work in app.degrade.ORDER before words run late
+    # under a brief overload, shed work in app.degrade.ORDER before words run late (``synchrony serve``'s
+    # default; off for in-process servers, whose load includes their own test peers)
+    degrade: bool = False
     max_sdp_bytes: int = MAX_SDP_BYTES
     ui: bool = True  # mount the Gradio page at /
     warmup: bool = True  # load and run every model before /readyz says ready
@@ -336,9 +338,14 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         metrics.idle_cost.set(now.idle_cores)
 
     def admit_limit() -> int:
-        if config.admission == "fixed":
-            return config.max_sessions
-        return min(config.max_sessions, app_capacity[0].sessions)
+        """Sessions admitted now. Measured: none beyond those live while the server sheds work
+        (degradation level > 0), since a starved process also under-measures its cost per session."""
+        limit = config.max_sessions
+        if config.admission != "fixed":
+            limit = min(limit, app_capacity[0].sessions)
+            if degradation.level > 0:
+                limit = min(limit, len(sessions))
+        return limit
 
     async def measure_forever() -> None:
         while True:
@@ -386,6 +393,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     app.state.metrics = metrics
     app.state.sessions = sessions
     app.state.warm = state
+    app.state.degradation = degradation
 
     if config.allowed_origins:
         from fastapi.middleware.cors import CORSMiddleware
@@ -454,7 +462,8 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
             return _refuse(503, "warming up, retry shortly", metrics, {"Retry-After": "2"})
         limit = admit_limit()
         if len(sessions) + pending >= limit:
-            why = "max_sessions" if limit == config.max_sessions else "measured capacity"
+            why = ("shedding work under overload" if degradation.level > 0 else
+                   "max_sessions" if limit == config.max_sessions else "measured capacity")
             return _refuse(503, f"server full ({limit} sessions: {why})", metrics,
                            {"Retry-After": str(config.retry_after_s)})
         pending += 1

@@ -134,7 +134,7 @@ async def test_full_by_measured_capacity_503_with_retry_after_and_capacity_in_re
     silence = np.zeros(16000, np.float32)
     cost = usable_cores() * 0.85 / 1.6  # one session fits, two do not, on any machine
     app = create_app(ServerConfig(ui=False, stages=(), admission="measured", session_cost_cores=cost,
-                                  max_sessions=4, retry_after_s=7))
+                                  max_sessions=4, retry_after_s=7, degrade=True))
     async with running_server(app) as base:
         async with httpx.AsyncClient(base_url=base) as client:
             ready = (await client.get("/readyz")).json()
@@ -152,6 +152,14 @@ async def test_full_by_measured_capacity_503_with_retry_after_and_capacity_in_re
             assert 'synchrony_whip_rejected_total{status="503"} 1.0' in metrics
             assert 'synchrony_stage_cpu_seconds_total{stage="event_loop"}' in metrics
             await first.close()
+            assert (await client.get("/readyz")).json()["capacity"] == 1
+            app.state.degradation.level = 1  # shedding work (as after a second of overload): no new sessions
+            ready = (await client.get("/readyz")).json()
+            assert ready["capacity"] == 0 and ready["degradation"]["steps"] == ["au_rate"]
+            third = WhipPeer(f"{base}/whip", frames=[black], fps=10, audio=silence)
+            with pytest.raises(WhipError) as refused:
+                await third.connect()
+            assert refused.value.status == 503 and "overload" in refused.value.detail
 
 
 def test_degradation_steps_down_the_order_under_overload_and_back_when_it_passes():
