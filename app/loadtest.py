@@ -869,6 +869,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def spawn_args(args: argparse.Namespace) -> list[str]:
+    """Extra ``serve`` arguments for ``--spawn-server``: every peer is admitted (``--admission fixed``,
+    to measure what the machine sustains) unless the run checks admission (``--allow-refusals``) or
+    ``--server-arg`` sets it."""
+    if args.allow_refusals or any(a.startswith("--admission") for a in args.server_arg):
+        return list(args.server_arg)
+    return ["--admission", "fixed", *args.server_arg]
+
+
 def _validate(args: argparse.Namespace) -> None:
     from app.netem import parse_profile
 
@@ -921,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.spawn_server:
             top = args.max_peers if args.find_max else args.peers
-            server = SpawnedServer(args.max_sessions or top + 2, out_dir / "server.log", args.server_arg)
+            server = SpawnedServer(args.max_sessions or top + 2, out_dir / "server.log", spawn_args(args))
             print(f"starting server on 127.0.0.1:{server.port} (log: {server.log_path}) ...", flush=True)
             try:
                 server_info = server.wait_ready()

@@ -202,3 +202,11 @@ class _NullEngine:
 
     def transcribe(self, audio, prefix=(), prompt="", draft=(), expect_words=False):  # noqa: ANN001, ANN201
         return []
+
+
+def test_spawned_server_admits_every_peer_unless_the_run_checks_admission():
+    parse = loadtest.build_parser().parse_args
+    assert loadtest.spawn_args(parse(["--spawn-server"])) == ["--admission", "fixed"]
+    assert loadtest.spawn_args(parse(["--spawn-server", "--allow-refusals"])) == []
+    assert loadtest.spawn_args(parse(["--spawn-server", "--server-arg=--admission=measured"])) == [
+        "--admission=measured"]
