@@ -516,7 +516,7 @@ class CpuSampler:
         import httpx
 
         try:
-            level = httpx.get(self.readyz_url, timeout=0.5).json().get("degradation", {}).get("level")
+            level = httpx.get(self.readyz_url, timeout=1.0).json().get("degradation", {}).get("level")
         except (httpx.HTTPError, ValueError, AttributeError):
             return
         if isinstance(level, int) and (not self.degradation or self.degradation[-1][1] != level):
