@@ -42,7 +42,7 @@ STATIC_DIR = Path(__file__).with_name("static")
 MAX_SDP_BYTES = 64 * 1024
 #: CPU (cores) of one full-pipeline session with the load test's clip on a 2-core machine, measured by
 #: ``bench/capacity.py`` (BENCHMARKS.md): the admission estimate until the server has measured its own.
-SESSION_COST_CORES = 0.65
+SESSION_COST_CORES = 0.88
 
 
 @dataclass(frozen=True)
