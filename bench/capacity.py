@@ -89,7 +89,7 @@ def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir
 
 
 def component_costs(seconds: float = 4.0) -> dict[str, float]:
-    """CPU-ms per second of media of the two stages this issue made cheaper, on CPU clocks (the whole
+    """CPU-ms per second of media of the stages this issue made cheaper, on CPU clocks (the whole
     process's, so MediaPipe's and libvpx's own threads count), with the old and the new settings:
     less sensitive to a shared machine than a live round, where a starved server does less work."""
     from fractions import Fraction
@@ -124,6 +124,16 @@ def component_costs(seconds: float = 4.0) -> dict[str, float]:
             f.pts, f.time_base = i * 5625, Fraction(1, 90_000)
             encoder.encode(f)
         out[label] = 1000 * (process_cpu_s() - c0) / seconds
+    from app.session import to_yuv420p
+
+    rgb = frames[: int(seconds * 16)]
+    for label, convert in (("RGB -> yuv420p, libswscale (before)",
+                            lambda img: av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")),
+                           ("RGB -> yuv420p, OpenCV (now)", to_yuv420p)):
+        c0 = process_cpu_s()
+        for img in rgb:
+            convert(img)
+        out[label] = 1000 * (process_cpu_s() - c0) / seconds
     return {k: round(v, 1) for k, v in out.items()}
 
 
@@ -146,7 +156,8 @@ def main() -> int:
     p.add_argument("--target", type=float, default=SERVER_TARGET_CORES, help="server cores per peer")
     p.add_argument("--out", default="capacity-out")
     p.add_argument("--components", action="store_true", help="only the per-stage before/after figures on CPU "
-                   "clocks (face analysis rate, VP8 encoder settings), no server")
+                   "clocks (face analysis rate, VP8 encoder settings, the returned frames' colour conversion), "
+                   "no server")
     args = p.parse_args()
     if args.components:
         print(f"load avg {[round(x, 2) for x in os.getloadavg()]}")
