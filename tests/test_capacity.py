@@ -210,3 +210,20 @@ def test_spawned_server_admits_every_peer_unless_the_run_checks_admission():
     assert loadtest.spawn_args(parse(["--spawn-server", "--allow-refusals"])) == []
     assert loadtest.spawn_args(parse(["--spawn-server", "--server-arg=--admission=measured"])) == [
         "--admission=measured"]
+
+
+def test_refused_peers_fail_a_round_unless_refusals_are_allowed():
+    words = [[t, t + 0.3, t + 0.5, t + 0.7, "w", "text"] for t in np.arange(0.0, 10.0, 0.5)]
+    admitted = {"index": 0, "connected": True, "run_s": 20.0, "words": words, "level3": {"checks": 10, "ok": 10}}
+    refused = {"index": 1, "connected": False, "error": "WHIP 503: server full",
+               "refused": {"status": 503, "retry_after": "5"}}
+    silent = {"index": 2, "connected": False, "error": "WHIP 503: server full", "refused": {"status": 503,
+                                                                                           "retry_after": None}}
+    strict = loadtest.aggregate([admitted, refused])
+    assert not strict["bounds"]["ok"] and strict["refused"] == [1]
+    lenient = loadtest.aggregate([admitted, refused], allow_refusals=True)
+    assert lenient["bounds"]["ok"] and lenient["failed"] == []
+    assert not loadtest.aggregate([admitted, silent], allow_refusals=True)["bounds"]["ok"]  # 503 needs Retry-After
+    assert not loadtest.aggregate([refused], allow_refusals=True)["bounds"]["ok"]  # someone must be admitted
+    # The load generator's own cost: CPU after the clips were built, per second a peer streamed.
+    assert loadtest.client_cpu_per_peer([admitted, refused], {0: 5.0}, {0: 4.0}) == 0.05
