@@ -323,8 +323,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         worker = state.stages.asr_worker
         backlog = 0.0
         if worker is not None and hasattr(worker, "stats"):
-            stats = worker.stats()
-            backlog = stats.queued_s / max(stats.streams, 1)
+            backlog = getattr(worker.stats(), "oldest_wait_s", 0.0)
         before = degradation.level
         level = degradation.update(OverloadSignal(capacity.rate, capacity.cores, backlog), time.monotonic())
         if level != before:

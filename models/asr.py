@@ -978,6 +978,7 @@ class WorkerStats:
     decode_ms_mean: float
     decode_ms_last: float
     events_dropped: int
+    oldest_wait_s: float = 0.0  # how long the oldest audio no lane has taken yet has waited (0: none)
 
 
 class ASRStream:
@@ -1207,6 +1208,7 @@ class ASRWorker:
                 decode_ms_mean=round(1000 * self._decode_s / max(self._decodes, 1), 2),
                 decode_ms_last=round(self._last_ms, 2),
                 events_dropped=self._closed_drops[2] + sum(s.events_dropped for s in streams),
+                oldest_wait_s=max((time.monotonic() - s.waiting_since for s in streams if s._chunks), default=0.0),
             )
 
     def stop(self) -> None:
