@@ -325,7 +325,8 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         if worker is not None and hasattr(worker, "stats"):
             backlog = getattr(worker.stats(), "oldest_wait_s", 0.0)
         before = degradation.level
-        level = degradation.update(OverloadSignal(capacity.rate, capacity.cores, backlog), time.monotonic())
+        signal = OverloadSignal(capacity.rate, capacity.cores, backlog, metrics.word_latency_max())
+        level = degradation.update(signal, time.monotonic())
         if level != before:
             log.warning("degradation level %d -> %d (%s)", before, level, ", ".join(ORDER[:level]) or "none")
             step = degradation.effects.asr_step_s

@@ -6,6 +6,9 @@ Observers beside the flow, not inside the stages: sessions call ``observe_stage`
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from app.reliability import LoopLag
@@ -62,11 +65,19 @@ class ServerMetrics:
         self._checks = 0
         self._passed = 0
         self._stage_cpu_seen: dict[str, float] = {}
+        self._word_latency: deque[tuple[float, float]] = deque(maxlen=4096)  # (wall, word end → token s)
 
     def observe_stage(self, stage: str, latency_s: float, compute_s: float | None = None) -> None:
         self.stage_latency.labels(stage).observe(max(latency_s, 0.0))
+        if stage in ("token_interim", "token_final"):
+            self._word_latency.append((time.monotonic(), latency_s))
         if compute_s is not None:
             self.stage_compute.labels(stage).observe(max(compute_s, 0.0))
+
+    def word_latency_max(self, window_s: float = 2.0) -> float:
+        """The longest word end → token latency of the tokens emitted in the last ``window_s``."""
+        since = time.monotonic() - window_s
+        return max((lat for wall, lat in list(self._word_latency) if wall >= since), default=0.0)
 
     def drop(self, stage: str, n: int = 1) -> None:
         self.drops.labels(stage).inc(n)

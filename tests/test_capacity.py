@@ -227,3 +227,30 @@ def test_refused_peers_fail_a_round_unless_refusals_are_allowed():
     assert not loadtest.aggregate([refused], allow_refusals=True)["bounds"]["ok"]  # someone must be admitted
     # The load generator's own cost: CPU after the clips were built, per second a peer streamed.
     assert loadtest.client_cpu_per_peer([admitted, refused], {0: 5.0}, {0: 4.0}) == 0.05
+
+
+def test_slow_words_alone_count_as_overload():
+    from app.degrade import OverloadSignal
+    from app.server_metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    metrics.observe_stage("token_final", 0.2)
+    metrics.observe_stage("au", 3.0)  # not a word
+    assert metrics.word_latency_max() == 0.2
+    metrics.observe_stage("token_interim", 1.1)
+    assert metrics.word_latency_max() == 1.1
+    assert OverloadSignal(0.5, 2.0, 0.0, metrics.word_latency_max()).overloaded()
+    assert not OverloadSignal(0.5, 2.0, 0.0, 0.2).overloaded()
+
+
+def test_asr_worker_reports_how_long_its_oldest_queued_audio_waited():
+    from alignment.types import AudioChunk
+    from models.asr import ASRWorker, StreamingConfig
+
+    worker = ASRWorker(engine=_NullEngine(), config=StreamingConfig(int8=False), autostart=False)  # no lane runs
+    assert worker.stats().oldest_wait_s == 0.0
+    stream = worker.open("a")
+    stream.push(AudioChunk(0.0, np.zeros(320, np.float32)))
+    time.sleep(0.35)
+    stream.push(AudioChunk(0.02, np.zeros(320, np.float32)))
+    assert 0.3 <= worker.stats().oldest_wait_s < 5.0  # the first chunk's wait, not the last one's
