@@ -41,7 +41,8 @@ log = logging.getLogger("synchrony.server")
 STATIC_DIR = Path(__file__).with_name("static")
 MAX_SDP_BYTES = 64 * 1024
 #: CPU (cores) of one full-pipeline session with the load test's clip on a 2-core machine, measured by
-#: ``bench/capacity.py`` (BENCHMARKS.md): the admission estimate until the server has measured its own.
+#: ``bench/capacity.py`` (BENCHMARKS.md: 0.75–0.88 in the rounds that held their bounds; the higher
+#: one, so a fresh server errs towards refusing): the admission estimate until it has measured its own.
 SESSION_COST_CORES = 0.88
 
 
