@@ -13,9 +13,9 @@ are the product, so the server sheds the cheaper-to-lose work first, one step at
    half the decodes; words become final up to 0.15 s later, but do not queue up behind decodes).
 
 The server is *overloaded* while its process uses nearly all the usable cores, audio waits for the
-ASR (its oldest queued audio has waited over 0.3 s for a decode lane), or words come slowly (a
-token arrived over 0.8 s after its word ended, in the last 2 s; a word's caption is late past the
-1.5 s output delay). The last two see the ASR falling behind when other processes take the cores,
+ASR (its oldest queued audio has waited over 0.3 s for a decode lane), or words come slowly (the
+median token of the last 2 s came over 0.8 s after its word ended; a word's caption is late past
+the 1.5 s output delay). The last two see the ASR falling behind when other processes take the cores,
 which the CPU share misses.
 After ``enter_s`` of overload it takes the next step (at most one per ``enter_s``); after
 ``leave_s`` without overload it gives one back.
@@ -52,7 +52,7 @@ class OverloadSignal:
     cpu_cores: float  # the process's CPU over the last interval
     usable_cores: float
     asr_backlog_s: float  # how long the ASR's oldest queued audio has waited for a decode lane
-    word_latency_s: float = 0.0  # the longest word end → token latency of the last 2 s, any session
+    word_latency_s: float = 0.0  # median word end → token latency of the last 2 s' tokens, all sessions
 
     def overloaded(self, cpu_share: float = 0.95, backlog_s: float = 0.3, word_latency_s: float = 0.8) -> bool:
         return (self.cpu_cores >= cpu_share * self.usable_cores or self.asr_backlog_s > backlog_s

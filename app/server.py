@@ -326,7 +326,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         if worker is not None and hasattr(worker, "stats"):
             backlog = getattr(worker.stats(), "oldest_wait_s", 0.0)
         before = degradation.level
-        signal = OverloadSignal(capacity.rate, capacity.cores, backlog, metrics.word_latency_max())
+        signal = OverloadSignal(capacity.rate, capacity.cores, backlog, metrics.word_latency_median())
         level = degradation.update(signal, time.monotonic())
         if level != before:
             log.warning("degradation level %d -> %d (%s)", before, level, ", ".join(ORDER[:level]) or "none")

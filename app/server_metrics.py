@@ -74,10 +74,12 @@ class ServerMetrics:
         if compute_s is not None:
             self.stage_compute.labels(stage).observe(max(compute_s, 0.0))
 
-    def word_latency_max(self, window_s: float = 2.0) -> float:
-        """The longest word end → token latency of the tokens emitted in the last ``window_s``."""
+    def word_latency_median(self, window_s: float = 2.0) -> float:
+        """The median word end → token latency of the tokens emitted in the last ``window_s`` (0: none).
+        The median, not the maximum: a revised interim of an old word is one late token, not overload."""
         since = time.monotonic() - window_s
-        return max((lat for wall, lat in list(self._word_latency) if wall >= since), default=0.0)
+        recent = sorted(lat for wall, lat in list(self._word_latency) if wall >= since)
+        return recent[len(recent) // 2] if recent else 0.0
 
     def drop(self, stage: str, n: int = 1) -> None:
         self.drops.labels(stage).inc(n)
