@@ -60,6 +60,9 @@ def _server_config(args: argparse.Namespace, ui: bool = True) -> Any:
         media_timeout_s=args.media_timeout,
         asr_lanes=args.asr_lanes,
         ui=ui,
+        admission=args.admission,
+        degrade=not args.no_degrade,
+        **({"session_cost_cores": args.session_cost} if args.session_cost else {}),
     )
 
 
@@ -128,6 +131,12 @@ def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> N
                    help="parallel Whisper decode threads shared by all sessions (one model copy each)")
     p.add_argument("--media-timeout", type=float, default=10.0,
                    help="end a session after this many seconds without media from its peer")
+    p.add_argument("--admission", choices=["measured", "fixed"], default="measured",
+                   help="measured: admit sessions while the measured CPU per session leaves room on the usable "
+                   "cores (capped by --max-sessions); fixed: admit --max-sessions")
+    p.add_argument("--no-degrade", action="store_true", help="never shed work under overload (docs/WIRE.md)")
+    p.add_argument("--session-cost", type=float, default=0.0, help="CPU per session (cores) to assume until "
+                   "one has been measured (default: the figure measured on a 2-core machine)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,6 +35,10 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{100 * x:.1f} %"
+
+
 def text_summary(report: dict[str, Any]) -> str:
     """A few lines for the terminal: per round the headline figures and PASS/FAIL."""
     lines = [f"command: {report.get('command', '')}"]
@@ -47,9 +51,13 @@ def text_summary(report: dict[str, Any]) -> str:
             f"p95 {a['latency_ms_p95']} ms (bound 1000), final p95 {a['final_latency_ms_p95']} ms, "
             f"recall {a['recall']}, Level-3 pass {a['level3_pass_rate']} over {a['level3_checks']} checks, "
             f"TTFT p50 {a['ttft_ms_p50']} ms, server CPU mean {np.mean(cpu) if cpu else float('nan'):.0f} %, "
-            f"client CPU mean {np.mean([s[2] for s in rnd.get('cpu', [])] or [float('nan')]):.0f} %, "
+            f"client CPU mean {np.mean([s[2] for s in rnd.get('cpu', [])] or [float('nan')]):.0f} % "
+            f"({_pct(a.get('client_cpu_per_peer'))} of a core per peer), "
             f"load avg {rnd.get('load_avg_before', ['?'])[0]}→{rnd.get('load_avg_after', ['?'])[0]}, "
-            f"connected {a['connected']}/{a['peers']}: {'PASS' if a['bounds']['ok'] else 'FAIL'}"
+            f"connected {a['connected']}/{a['peers']}"
+            + (f", refused (503) {len(a['refused'])}" if a.get("refused") else "")
+            + (f", degradation level by time {a['degradation']}" if a.get("degradation") else "")
+            + f": {'PASS' if a['bounds']['ok'] else 'FAIL'}"
         )
         for p in rnd["peers"]:
             if p.get("offset_ms"):

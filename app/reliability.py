@@ -243,8 +243,9 @@ def install_debug_route(app: Any, path: str = "/debug/resources") -> None:
 
 
 def own_threads(snap: ResourceSnapshot) -> int:
-    """Threads other than asyncio's default executor (a pool that grows lazily to a fixed size)."""
-    return sum(1 for n in snap.thread_names if not n.startswith("asyncio_"))
+    """Threads other than asyncio's default executor and the sessions' render pool (pools that grow
+    lazily to a fixed size)."""
+    return sum(1 for n in snap.thread_names if not n.startswith(("asyncio_", "render_")))
 
 
 async def settle(app: Any, timeout: float = 15.0, baseline: ResourceSnapshot | None = None) -> ResourceSnapshot:

@@ -5,7 +5,9 @@ runs it under uvicorn. Every model is loaded and run once at start-up (in a thre
 ``/readyz`` says ready; the per-model cold-start breakdown is logged, exported on ``/metrics`` and
 returned by ``/readyz``. Refusals are short plain-text messages with the right status, never a
 traceback: 400 bad SDP, 401 missing/wrong bearer token, 404 unknown session, 413 body too large,
-415 not ``application/sdp``, 503 (+ Retry-After) while warming up or when ``max_sessions`` are live.
+415 not ``application/sdp``, 503 (+ Retry-After) while warming up or when the server is full: as many
+sessions live as its measured capacity (``app.cpu_account``: usable cores × target utilisation over
+the measured CPU per session) or ``max_sessions``, whichever is lower.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,14 +29,21 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from app.cpu_account import Capacity, CapacityEstimate, CpuAccount
+from app.degrade import ORDER, Degradation, OverloadSignal
 from app.reliability import freeze_warm_heap, reclaim
 from app.server_metrics import ServerMetrics
 from app.session import Session, SessionConfig, Stages
+from app.video_encoder import install as install_lean_encoder
 
 log = logging.getLogger("synchrony.server")
 
 STATIC_DIR = Path(__file__).with_name("static")
 MAX_SDP_BYTES = 64 * 1024
+#: CPU (cores) of one full-pipeline session with the load test's clip on a 2-core machine, measured by
+#: ``bench/capacity.py`` (BENCHMARKS.md: 0.75–0.88 in the rounds that held their bounds; the higher
+#: one, so a fresh server errs towards refusing): the admission estimate until it has measured its own.
+SESSION_COST_CORES = 0.88
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,15 @@ class ServerConfig:
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
     asr_lanes: int = 2  # decode threads sharing the sessions (2 cores: 4-stream p95 about halves vs 1)
+    # "measured": admit as many as the measured CPU per session allows (``synchrony serve``'s default);
+    # "fixed": max_sessions (in-process test servers, whose CPU includes their own test peers)
+    admission: str = "fixed"
+    session_cost_cores: float = SESSION_COST_CORES  # CPU per session until this server has measured its own
+    target_utilisation: float = 0.85  # of the usable cores, for admitted sessions
+    retry_after_s: int = 5  # Retry-After of a 503 when full
+    # under a brief overload, shed work in app.degrade.ORDER before words run late (``synchrony serve``'s
+    # default; off for in-process servers, whose load includes their own test peers)
+    degrade: bool = False
     max_sdp_bytes: int = MAX_SDP_BYTES
     ui: bool = True  # mount the Gradio page at /
     warmup: bool = True  # load and run every model before /readyz says ready
@@ -335,6 +353,49 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     session_config = SessionConfig(output_delay_s=config.output_delay_s, output_size=config.output_size,
                                    media_timeout_s=config.media_timeout_s)
 
+    account = CpuAccount()
+    capacity = CapacityEstimate(config.session_cost_cores, target_utilisation=config.target_utilisation,
+                                max_sessions=config.max_sessions)
+    app_capacity: list[Capacity] = [capacity.current()]
+    degradation = Degradation(enabled=config.degrade)
+
+    def measure() -> None:
+        """Once a second: CPU per stage into /metrics, and the capacity admission uses."""
+        metrics.stage_cpu_totals(account.sample())
+        now = capacity.update(len(sessions))
+        app_capacity[0] = now
+        worker = state.stages.asr_worker
+        backlog = 0.0
+        if worker is not None and hasattr(worker, "stats"):
+            backlog = getattr(worker.stats(), "oldest_wait_s", 0.0)
+        before = degradation.level
+        signal = OverloadSignal(capacity.rate, capacity.cores, backlog, metrics.word_latency_median())
+        level = degradation.update(signal, time.monotonic())
+        if level != before:
+            log.warning("degradation level %d -> %d (%s)", before, level, ", ".join(ORDER[:level]) or "none")
+            step = degradation.effects.asr_step_s
+            if worker is not None and hasattr(worker, "set_step_s"):
+                worker.set_step_s(step)
+        metrics.degradation.set(level)
+        metrics.capacity.set(admit_limit())
+        metrics.session_cost.set(now.cost_cores)
+        metrics.idle_cost.set(now.idle_cores)
+
+    def admit_limit() -> int:
+        """Sessions admitted now. Measured: none beyond those live while the server sheds work
+        (degradation level > 0), since a starved process also under-measures its cost per session."""
+        limit = config.max_sessions
+        if config.admission != "fixed":
+            limit = min(limit, app_capacity[0].sessions)
+            if degradation.level > 0:
+                limit = min(limit, len(sessions))
+        return limit
+
+    async def measure_forever() -> None:
+        while True:
+            measure()
+            await asyncio.sleep(1.0)
+
     def finish_warmup() -> None:
         freeze_warm_heap()  # so reclaim() after each session scans only session objects
         state.ready = True
@@ -364,8 +425,10 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loop_watch = asyncio.create_task(metrics.loop_lag.watch(), name="event-loop-lag")
+        measuring = asyncio.create_task(measure_forever(), name="capacity")
         yield
         loop_watch.cancel()
+        measuring.cancel()
         await asyncio.gather(*(s.close("server shutdown") for s in list(sessions.values())),
                              return_exceptions=True)
 
@@ -374,6 +437,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     app.state.metrics = metrics
     app.state.sessions = sessions
     app.state.warm = state
+    app.state.degradation = degradation
 
     allow_cross_origin(app, config.allowed_origins)
 
@@ -421,17 +485,23 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
             return _refuse(exc.status, str(exc), metrics)
         if not state.ready:
             return _refuse(503, "warming up, retry shortly", metrics, {"Retry-After": "2"})
-        if len(sessions) + pending >= config.max_sessions:
-            return _refuse(503, f"server full ({config.max_sessions} sessions)", metrics, {"Retry-After": "5"})
+        limit = admit_limit()
+        if len(sessions) + pending >= limit:
+            why = ("shedding work under overload" if degradation.level > 0 else
+                   "max_sessions" if limit == config.max_sessions else "measured capacity")
+            return _refuse(503, f"server full ({limit} sessions: {why})", metrics,
+                           {"Retry-After": str(config.retry_after_s)})
         pending += 1
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        session = Session(secrets.token_urlsafe(12), pc, state.stages, session_config, metrics, on_end)
+        session = Session(secrets.token_urlsafe(12), pc, state.stages, session_config, metrics, on_end,
+                          degradation=degradation)
         session.hook()
         try:
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp, "offer"))
                 session.attach()
                 await pc.setLocalDescription(await pc.createAnswer())
+                install_lean_encoder(pc)  # the returned video's VP8 at the fastest real-time speed
             except Exception as exc:  # noqa: BLE001 - aiortc's parser and negotiation raise many kinds
                 await session.close("offer refused")  # frees the tracks, tasks and AU thread it started
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -478,7 +548,10 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
 
     def ready_body() -> dict[str, Any]:
         return {"ready": state.ready, "ready_after_s": state.ready_after_s, "cold_start": state.cold_start,
-                "missing": state.stages.missing, "sessions": len(sessions), "max_sessions": config.max_sessions}
+                "missing": state.stages.missing, "sessions": len(sessions), "max_sessions": config.max_sessions,
+                "capacity": admit_limit(), "admission": {"mode": config.admission, **asdict(app_capacity[0])},
+                "degradation": {"level": degradation.level, "steps": list(ORDER[: degradation.level]),
+                                "order": list(ORDER)}}
 
     @app.get("/readyz")
     async def readyz() -> Response:

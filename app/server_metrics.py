@@ -6,6 +6,9 @@ Observers beside the flow, not inside the stages: sessions call ``observe_stage`
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from app.reliability import LoopLag
@@ -49,13 +52,34 @@ class ServerMetrics:
               registry=r).set_function(self.loop_lag.max_s)
         Gauge("synchrony_event_loop_stall_count", "event-loop stalls over 0.25 s since start",
               registry=r).set_function(lambda: self.loop_lag.stalls)
+        self.stage_cpu = Counter("synchrony_stage_cpu_seconds", "CPU seconds per stage (per-thread kernel counters; "
+                                 "app.cpu_account)", ["stage"], registry=r)
+        self.capacity = Gauge("synchrony_capacity_sessions", "sessions this server admits, from its measured CPU "
+                              "per session", registry=r)
+        self.session_cost = Gauge("synchrony_session_cost_cores", "measured CPU per live session, in cores",
+                                  registry=r)
+        self.idle_cost = Gauge("synchrony_idle_cost_cores", "measured CPU of the process with no session, in cores",
+                               registry=r)
+        self.degradation = Gauge("synchrony_degradation_level", "steps of the overload degradation order in "
+                                 "effect (0: none)", registry=r)
         self._checks = 0
         self._passed = 0
+        self._stage_cpu_seen: dict[str, float] = {}
+        self._word_latency: deque[tuple[float, float]] = deque(maxlen=4096)  # (wall, word end → token s)
 
     def observe_stage(self, stage: str, latency_s: float, compute_s: float | None = None) -> None:
         self.stage_latency.labels(stage).observe(max(latency_s, 0.0))
+        if stage in ("token_interim", "token_final"):
+            self._word_latency.append((time.monotonic(), latency_s))
         if compute_s is not None:
             self.stage_compute.labels(stage).observe(max(compute_s, 0.0))
+
+    def word_latency_median(self, window_s: float = 2.0) -> float:
+        """The median word end → token latency of the tokens emitted in the last ``window_s`` (0: none).
+        The median, not the maximum: a revised interim of an old word is one late token, not overload."""
+        since = time.monotonic() - window_s
+        recent = sorted(lat for wall, lat in list(self._word_latency) if wall >= since)
+        return recent[len(recent) // 2] if recent else 0.0
 
     def drop(self, stage: str, n: int = 1) -> None:
         self.drops.labels(stage).inc(n)
@@ -65,6 +89,14 @@ class ServerMetrics:
         self._checks += 1
         self._passed += int(ok)
         self.sync_pass_rate.set(self._passed / self._checks)
+
+    def stage_cpu_totals(self, totals: dict[str, float]) -> None:
+        """Advance the per-stage CPU counters to ``totals`` (monotone CPU seconds per stage)."""
+        for stage, total in totals.items():
+            delta = total - self._stage_cpu_seen.get(stage, 0.0)
+            if delta > 0:
+                self.stage_cpu.labels(stage).inc(delta)
+                self._stage_cpu_seen[stage] = total
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -39,6 +40,7 @@ from aiortc.mediastreams import MediaStreamError
 from alignment.clock import SenderReport, SessionClock, TrackClock, ntp_to_seconds
 from alignment.frames import FPS, TOLERANCE_S, frame_pts, frames_for_time
 from alignment.types import SAMPLE_RATE, AudioChunk, AUSample, LoadEstimate, VideoFrame, WordToken
+from app.cpu_account import name_native_thread
 from app.reliability import lower_thread_priority
 from app.server_metrics import ServerMetrics
 
@@ -50,6 +52,13 @@ _CHANNEL_MAX_BUFFERED = 1 << 20  # bytes queued on the events channel before mes
 #: Largest camera frame a session keeps (1080p). The session holds ~2 s of decoded frames for
 #: rendering, so a peer sending absurd sizes would otherwise grow the whole server's memory.
 MAX_VIDEO_PIXELS = 1920 * 1088
+try:
+    import cv2 as _cv2  # ships with mediapipe
+except ImportError:  # pragma: no cover - the conversion falls back to libswscale
+    _cv2 = None
+#: The returned video's frames are drawn here, apart from the default executor where aiortc encodes
+#: them, so the two stages' CPU can be told apart (app.cpu_account); two threads serve every session.
+_RENDER_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="render")
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class SessionConfig:
     output_delay_s: float = 1.5  # > final-word latency p95 (bench/asr_stream.py), so captions land on their frames
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
-    au_max_fps: float = 30.0
+    au_max_fps: float = 16.0  # face analysis rate (camera pts): the controller resamples, 16/s match the output
     au_nice: int = 5  # face analysis yields the CPU to ASR and the event loop (CFS weight ≈ 1/3)
 
 
@@ -99,13 +108,16 @@ class Session:
         config: SessionConfig,
         metrics: ServerMetrics,
         on_end: Callable[[Session, str], None] | None = None,
+        degradation: Any = None,
     ) -> None:
+        """``degradation``: the server's ``app.degrade.Degradation`` (None: never degrade)."""
         self.id = session_id
         self.pc = pc
         self.stages = stages
         self.config = config
         self.metrics = metrics
         self.on_end = on_end
+        self.degradation = degradation
         self.clock = SessionClock()
         self.loop = asyncio.get_running_loop()
         self.created = time.monotonic()
@@ -291,14 +303,14 @@ class Session:
     def _au_worker(self) -> None:
         """Worker thread: latest camera frame → AUs (MediaPipe) → controller; results to the loop."""
         lower_thread_priority(self.config.au_nice)  # before make_faces, so MediaPipe's threads inherit it
+        name_native_thread("au-" + self.id[:8])  # ... and its name, so their CPU is counted as face analysis
         try:
             faces = self.stages.make_faces()  # type: ignore[misc]
             controller = self.stages.make_controller() if self.stages.make_controller else None
         except Exception as exc:  # noqa: BLE001
             self.loop.call_soon_threadsafe(self.fail_stage, "au", exc)
             return
-        min_gap = 1.0 / self.config.au_max_fps
-        last = 0.0
+        rate = FrameRate(self.config.au_max_fps)
         while not self._stop.is_set():
             with self._slot_cond:
                 while self._slot is None and not self._stop.is_set():
@@ -307,10 +319,10 @@ class Session:
                     break
                 t, frame, _arrival = self._slot  # type: ignore[misc]
                 self._slot = None
-            wait = last + min_gap - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            last = time.monotonic()
+            if self.degradation is not None:
+                rate.fps = min(self.config.au_max_fps, self.degradation.effects.au_fps)
+            if not rate.take(t):
+                continue
             try:
                 c0 = time.monotonic()
                 with self._convert_lock:
@@ -530,7 +542,7 @@ class Session:
         caption = self._caption_at(k)
         au = next((s for s in reversed(self._au) if s.pts <= t), None)
         load = next((e for e in reversed(self._load) if e.pts <= t), None)
-        sync_ok, size = self._last_sync_ok, self.config.output_size
+        sync_ok, size = self._last_sync_ok, self.output_size()
 
         def build() -> Any:
             camera = None
@@ -541,6 +553,12 @@ class Session:
                                  load=load, sync_ok=sync_ok, size=size)
 
         return build
+
+    def output_size(self) -> tuple[int, int]:
+        """The returned video's size now: the configured one, halved at the degradation's video step."""
+        w, h = self.config.output_size
+        scale = self.degradation.effects.output_scale if self.degradation is not None else 1.0
+        return (w, h) if scale >= 1.0 else (max(2 * round(w * scale / 2), 16), max(2 * round(h * scale / 2), 16))
 
     def _caption_at(self, k: int) -> tuple[WordToken, ...]:
         """Words of the latest utterance already shown by frame ``k`` (for 4 s after its last word)."""
@@ -696,14 +714,18 @@ class OutputTrack(MediaStreamTrack):
         self.next_index = k + 1
         build = s.render_request(k)
         c0 = time.monotonic()
-        image = await asyncio.to_thread(self._render, build)
+        frame = await asyncio.get_running_loop().run_in_executor(_RENDER_POOL, self._render_frame, build)
         s.metrics.observe_stage("render", time.monotonic() - (zero + frame_pts(k)), time.monotonic() - c0)
         s.prune(k)
-        frame = av.VideoFrame.from_ndarray(image, format="rgb24")
         frame.pts = int(round(frame_pts(k) * _VIDEO_CLOCK))
         frame.time_base = Fraction(1, _VIDEO_CLOCK)
         self.sent += 1
         return frame
+
+    def _render_frame(self, build: Callable[[], Any]) -> av.VideoFrame:
+        """Render thread: the frame as the encoder takes it (yuv420p), so it is not converted later
+        in aiortc's encoder thread by libswscale (~10x slower for this conversion)."""
+        return to_yuv420p(self._render(build))
 
     def _render(self, build: Callable[[], Any]) -> np.ndarray:
         request = build()
@@ -722,6 +744,42 @@ class OutputTrack(MediaStreamTrack):
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def to_yuv420p(image: np.ndarray) -> av.VideoFrame:
+    """An RGB image as a yuv420p frame (BT.601 limited range, what libswscale gives: same values)."""
+    h, w = image.shape[:2]
+    if _cv2 is not None and h % 2 == 0 and w % 2 == 0:
+        yuv = _cv2.cvtColor(np.ascontiguousarray(image), _cv2.COLOR_RGB2YUV_I420)
+        return av.VideoFrame.from_ndarray(yuv, format="yuv420p")
+    return av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
+
+
+class FrameRate:
+    """Which frames a stage processes to run at most ``fps`` on average, decided on their pts.
+
+    A credit bucket, not a minimum gap: at 16/s from a 25 fps camera it takes 16 frames of every 25
+    (a minimum gap of 1/16 s would take every other frame, 12.5/s). A frame whose pts goes backwards
+    (a clock step) is taken and restarts the count.
+    """
+
+    def __init__(self, fps: float) -> None:
+        if fps <= 0:
+            raise ValueError("fps must be > 0")
+        self.fps = fps
+        self._credit = 1.0
+        self._last: float | None = None
+
+    def take(self, pts: float) -> bool:
+        if self._last is not None and pts >= self._last:
+            self._credit = min(2.0, self._credit + (pts - self._last) * self.fps)  # ≤ 1 frame ahead
+        else:
+            self._credit = 1.0
+        self._last = pts
+        if self._credit >= 1.0 - 1e-9:
+            self._credit -= 1.0
+            return True
+        return False
 
 
 def place_token(

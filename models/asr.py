@@ -978,6 +978,7 @@ class WorkerStats:
     decode_ms_mean: float
     decode_ms_last: float
     events_dropped: int
+    oldest_wait_s: float = 0.0  # how long the oldest audio no lane has taken yet has waited (0: none)
 
 
 class ASRStream:
@@ -1123,6 +1124,7 @@ class ASRWorker:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.config = config or StreamingConfig()
+        self._stream_config = self.config  # new streams' config (``set_step_s`` may change its step)
         self.engine = get_engine(engine, model, int8=self.config.int8)
         self.engines: list[Engine] = [self.engine] + [_engine_copy(self.engine) for _ in range(lanes - 1)]
         self.max_queue_s = max_queue_s
@@ -1177,11 +1179,21 @@ class ASRWorker:
                 raise ValueError(f"ASR session {session_id!r} is already open")
             if len(self._streams) >= self.max_streams:
                 raise RuntimeError(f"ASR worker is full ({self.max_streams} sessions)")
-            stream = ASRStream(self, session_id, StreamingASR(self.engine, self.config), self.max_queue_s,
+            stream = ASRStream(self, session_id, StreamingASR(self.engine, self._stream_config), self.max_queue_s,
                                self.max_events, loop)
             self._streams[session_id] = stream
             self._order.append(session_id)
             return stream
+
+    def set_step_s(self, step_s: float | None) -> None:
+        """Re-decode every ``step_s`` of new speech from now on, in every stream (None: the configured
+        step); a server sheds decodes this way under overload (``app.degrade``)."""
+        from dataclasses import replace
+
+        with self._cond:
+            self._stream_config = self.config if step_s is None else replace(self.config, step_s=step_s)
+            for s in self._streams.values():
+                s.asr.config = replace(s.asr.config, step_s=self._stream_config.step_s)
 
     def stats(self) -> WorkerStats:
         with self._cond:
@@ -1196,6 +1208,7 @@ class ASRWorker:
                 decode_ms_mean=round(1000 * self._decode_s / max(self._decodes, 1), 2),
                 decode_ms_last=round(self._last_ms, 2),
                 events_dropped=self._closed_drops[2] + sum(s.events_dropped for s in streams),
+                oldest_wait_s=max((time.monotonic() - s.waiting_since for s in streams if s._chunks), default=0.0),
             )
 
     def stop(self) -> None:

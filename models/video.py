@@ -178,6 +178,9 @@ def fit_frame(image: np.ndarray | None, size: tuple[int, int],
               background: tuple[int, int, int] = _BACKGROUND) -> np.ndarray:
     """``image`` resized to fit ``size`` (w, h) keeping its aspect, letterboxed on ``background``."""
     w, h = size
+    if (isinstance(image, np.ndarray) and image.ndim == 3 and image.shape[:2] == (h, w) and image.shape[2] in (3, 4)
+            and image.dtype == np.uint8):
+        return np.array(image[:, :, :3], order="C")  # already fits: one copy, no canvas to fill
     canvas = np.empty((h, w, 3), np.uint8)
     canvas[:] = background
     if image is None:

@@ -1,0 +1,93 @@
+"""What the server gives up, in order, under a brief overload, so admitted sessions' words stay on time.
+
+Admission (``app.cpu_account``) keeps the server from taking sessions it cannot carry; a brief
+overload can still come (speech in every session at once, a noisy neighbour on the machine). Words
+are the product, so the server sheds the cheaper-to-lose work first, one step at a time:
+
+1. ``au_rate``: face analysis from 16 to 8 frames/s per session (the controller resamples its
+   window; lip evidence needs only the mouth's slow motion; sync-marker flashes are read from
+   every frame regardless);
+2. ``video_quality``: the returned video at half size (a quarter of the pixels to convert, draw and
+   encode; the frame rate, its timing and the captions' frames are unchanged);
+3. ``asr_step``: the streaming ASR re-decodes every 0.3 s of new speech instead of 0.15 s (about
+   half the decodes; words become final up to 0.15 s later, but do not queue up behind decodes).
+
+The server is *overloaded* while its process uses nearly all the usable cores, audio waits for the
+ASR (its oldest queued audio has waited over 0.3 s for a decode lane), or words come slowly (the
+median token of the last 2 s came over 0.8 s after its word ended; a word's caption is late past
+the 1.5 s output delay). The last two see the ASR falling behind when other processes take the cores,
+which the CPU share misses.
+After ``enter_s`` of overload it takes the next step (at most one per ``enter_s``); after
+``leave_s`` without overload it gives one back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The steps, in the order they are taken (and given back in reverse).
+ORDER = ("au_rate", "video_quality", "asr_step")
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What the current level means for sessions."""
+
+    level: int
+    au_fps: float
+    output_scale: float  # of the configured output size (width and height)
+    asr_step_s: float | None  # None: the configured step
+
+
+def effects(level: int, au_fps: float = 16.0) -> Effects:
+    """The settings in force at ``level`` (0: none of the steps)."""
+    return Effects(level=level, au_fps=au_fps / 2 if level >= 1 else au_fps,
+                   output_scale=0.5 if level >= 2 else 1.0, asr_step_s=0.3 if level >= 3 else None)
+
+
+@dataclass(frozen=True)
+class OverloadSignal:
+    """One second's evidence: the process's CPU rate and the ASR's backlog."""
+
+    cpu_cores: float  # the process's CPU over the last interval
+    usable_cores: float
+    asr_backlog_s: float  # how long the ASR's oldest queued audio has waited for a decode lane
+    word_latency_s: float = 0.0  # median word end → token latency of the last 2 s' tokens, all sessions
+
+    def overloaded(self, cpu_share: float = 0.95, backlog_s: float = 0.3, word_latency_s: float = 0.8) -> bool:
+        return (self.cpu_cores >= cpu_share * self.usable_cores or self.asr_backlog_s > backlog_s
+                or self.word_latency_s > word_latency_s)
+
+
+class Degradation:
+    """The level of the degradation order in force, stepped by :meth:`update` (about once a second)."""
+
+    def __init__(self, enter_s: float = 1.0, leave_s: float = 5.0, enabled: bool = True) -> None:
+        self.enter_s, self.leave_s, self.enabled = enter_s, leave_s, enabled
+        self.level = 0
+        self._since: float | None = None  # when the current state (overloaded or not) began, or the last step
+        self._over = False
+        self.steps: list[tuple[float, int]] = []  # (time, new level): what it did, for reports and tests
+
+    def update(self, signal: OverloadSignal, now: float) -> int:
+        over = signal.overloaded()
+        if over != self._over or self._since is None:
+            self._over, self._since = over, now
+        if not self.enabled:
+            return self.level
+        held = now - self._since
+        if over and held >= self.enter_s and self.level < len(ORDER):
+            self._step(self.level + 1, now)
+        elif not over and held >= self.leave_s and self.level > 0:
+            self._step(self.level - 1, now)
+        return self.level
+
+    def _step(self, level: int, now: float) -> None:
+        self.level = level
+        self._since = now  # the next step needs its own full interval
+        if len(self.steps) < 10_000:
+            self.steps.append((round(now, 2), level))
+
+    @property
+    def effects(self) -> Effects:
+        return effects(self.level)

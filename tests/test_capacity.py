@@ -1,0 +1,260 @@
+"""Capacity: per-stage CPU from kernel counters, admission by measured CPU per session, the AU rate,
+the returned video's encoder, and the light load-test peer's pre-encoded audio."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from app import loadtest
+from app.cpu_account import CapacityEstimate, CpuAccount, name_native_thread, stage_of, usable_cores
+from app.peer import WhipError, WhipPeer
+from app.server import ServerConfig, create_app, running_server
+from app.session import FrameRate
+
+
+def _burn(seconds: float) -> None:
+    t = time.thread_time()
+    x = np.ones(2000)
+    while time.thread_time() - t < seconds:
+        x = np.sqrt(x + 1.0)
+
+
+def test_thread_cpu_is_counted_to_its_stage_even_after_the_thread_ended():
+    account = CpuAccount()
+    if not account.available:
+        pytest.skip("no /proc/self/task on this platform")
+    before = account.sample()
+    done = threading.Event()
+
+    def lane() -> None:
+        _burn(0.3)
+        account.sample()  # while alive: its CPU is seen ...
+        done.set()
+
+    def native() -> None:
+        name_native_thread("drishti-test")  # a native thread named by its library (MediaPipe's)
+        _burn(0.2)
+        account.sample()
+
+    for target, name in ((lane, "asr-worker-test"), (native, "helper")):
+        t = threading.Thread(target=target, name=name)
+        t.start()
+        t.join()
+    after = account.sample()  # ... and kept once it is gone
+    assert done.is_set()
+    assert after["asr"] - before["asr"] >= 0.25
+    assert after["faces"] - before["faces"] >= 0.15
+    assert stage_of("render_0", "python") == "render" and stage_of("ThreadPoolExecutor-1_0", "au-abc") == "faces"
+    assert stage_of(None, "python") == "other" and stage_of("MainThread", "python") == "event_loop"
+
+
+def test_capacity_follows_the_measured_cost_per_session():
+    clock = {"t": 0.0, "cpu": 0.0}
+    est = CapacityEstimate(0.9, cores=2.0, target_utilisation=0.85, max_sessions=16, tau_s=5.0,
+                           clock=lambda: clock["t"], cpu=lambda: clock["cpu"])
+
+    def run(sessions: int, cores_used: float, seconds: int) -> None:
+        for _ in range(seconds):
+            clock["t"] += 1.0
+            clock["cpu"] += cores_used
+            est.update(sessions)
+
+    assert est.update(0).sessions == 1 and not est.current().measured  # the prior: floor(1.7 / 0.9)
+    run(0, 0.1, 60)  # idle: 0.1 core
+    run(2, 0.1 + 2 * 0.25, 60)  # two sessions at 0.25 core each
+    cap = est.current()
+    assert cap.measured and cap.cost_cores == pytest.approx(0.25, abs=0.01)
+    assert cap.idle_cores == pytest.approx(0.1, abs=0.01)
+    assert cap.sessions == 6  # floor((1.7 - 0.1) / 0.25)
+    run(3, 0.1 + 3 * 0.5, 60)  # sessions got dearer (e.g. more speech): capacity follows
+    assert est.current().sessions == 3
+    with pytest.raises(ValueError):
+        CapacityEstimate(0.0)
+
+
+def test_frame_rate_takes_16_of_25_camera_frames_by_pts():
+    rate = FrameRate(16.0)
+    assert sum(rate.take(k / 25) for k in range(250)) == 160
+    slow = FrameRate(16.0)
+    assert sum(slow.take(k / 10) for k in range(50)) == 50  # a slower camera: every frame
+    assert slow.take(0.0)  # pts went back (clock step): taken, count restarts
+
+
+def test_lean_encoder_encodes_decodable_vp8_cheaper():
+    import av
+    from aiortc.codecs.vpx import Vp8Encoder
+
+    from app.video_encoder import LeanVp8Encoder
+
+    clip = loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (640, 360), 25.0)
+    frames = [av.VideoFrame.from_ndarray(f, format="rgb24") for f in clip.frames[:40]]
+    cost = {}
+    for enc in (Vp8Encoder(), LeanVp8Encoder()):
+        payloads = []
+        t = time.thread_time()
+        for i, f in enumerate(frames):
+            f.pts, f.time_base = i * 5625, __import__("fractions").Fraction(1, 90_000)
+            payloads.append(enc.encode(f)[0])
+        cost[type(enc).__name__] = time.thread_time() - t
+        assert all(payloads)
+    print(f"CPU for 40 frames: {cost}")
+    assert cost["LeanVp8Encoder"] < cost["Vp8Encoder"]
+
+
+def test_pre_encoded_opus_loop_carries_clip_frame_k_in_packet_k():
+    from aiortc.codecs.opus import OpusDecoder
+    from aiortc.jitterbuffer import JitterFrame
+
+    from app.peer import AUDIO_FRAME, ClipAudioTrack
+
+    clip = loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (320, 180), 25.0)
+    packets = loadtest.encode_opus_loop(clip.audio)
+    pcm = ClipAudioTrack(clip.audio, None)._pcm.astype(np.float32)
+    n = len(pcm)
+    assert len(packets) == n // AUDIO_FRAME
+    decoder = OpusDecoder()  # what the server runs on them
+    out = [f.to_ndarray().reshape(-1, 2)[:, 0] for i, data in enumerate(packets + packets)  # second loop: steady
+           for f in decoder.decode(JitterFrame(data=data, timestamp=i * AUDIO_FRAME))]
+    second = np.concatenate(out).astype(np.float32)[n : 2 * n]
+    corr = np.fft.irfft(np.fft.rfft(second) * np.conj(np.fft.rfft(pcm)), n)  # circular: the clip loops
+    lag = int(np.argmax(corr))
+    lag = lag if lag < n // 2 else lag - n
+    peak = float(corr.max() / (np.linalg.norm(second) * np.linalg.norm(pcm)))
+    print(f"decoded loop vs clip: correlation {peak:.3f} at {lag / 48:.1f} ms")
+    assert peak > 0.9 and 0 <= lag <= 480  # the same audio, late by Opus's pre-skip only (6.5 ms)
+
+
+async def test_full_by_measured_capacity_503_with_retry_after_and_capacity_in_readyz_and_metrics():
+    black = np.zeros((90, 160, 3), np.uint8)
+    silence = np.zeros(16000, np.float32)
+    cost = usable_cores() * 0.85 / 1.6  # one session fits, two do not, on any machine
+    app = create_app(ServerConfig(ui=False, stages=(), admission="measured", session_cost_cores=cost,
+                                  max_sessions=4, retry_after_s=7, degrade=True))
+    async with running_server(app) as base:
+        async with httpx.AsyncClient(base_url=base) as client:
+            ready = (await client.get("/readyz")).json()
+            assert ready["capacity"] == 1 and ready["max_sessions"] == 4 and ready["sessions"] == 0
+            assert ready["admission"]["mode"] == "measured" and ready["admission"]["cost_cores"] > 0
+            first = WhipPeer(f"{base}/whip", frames=[black], fps=10, audio=silence)
+            await first.connect()
+            second = WhipPeer(f"{base}/whip", frames=[black], fps=10, audio=silence)
+            with pytest.raises(WhipError) as refused:
+                await second.connect()
+            assert refused.value.status == 503 and refused.value.retry_after == "7"
+            assert "measured capacity" in refused.value.detail
+            metrics = (await client.get("/metrics")).text
+            assert "synchrony_capacity_sessions 1.0" in metrics
+            assert 'synchrony_whip_rejected_total{status="503"} 1.0' in metrics
+            assert 'synchrony_stage_cpu_seconds_total{stage="event_loop"}' in metrics
+            await first.close()
+            assert (await client.get("/readyz")).json()["capacity"] == 1
+            app.state.degradation.level = 1  # shedding work (as after a second of overload): no new sessions
+            ready = (await client.get("/readyz")).json()
+            assert ready["capacity"] == 0 and ready["degradation"]["steps"] == ["au_rate"]
+            third = WhipPeer(f"{base}/whip", frames=[black], fps=10, audio=silence)
+            with pytest.raises(WhipError) as refused:
+                await third.connect()
+            assert refused.value.status == 503 and "overload" in refused.value.detail
+
+
+def test_degradation_steps_down_the_order_under_overload_and_back_when_it_passes():
+    from app.degrade import ORDER, Degradation, OverloadSignal
+
+    deg = Degradation(enter_s=1.0, leave_s=5.0)
+    calm = OverloadSignal(cpu_cores=1.0, usable_cores=2.0, asr_backlog_s=0.05)
+    busy = OverloadSignal(cpu_cores=1.97, usable_cores=2.0, asr_backlog_s=0.05)
+    behind = OverloadSignal(cpu_cores=1.2, usable_cores=2.0, asr_backlog_s=0.6)  # ASR backlog alone counts
+    levels = [deg.update(calm, float(t)) for t in range(3)]
+    levels += [deg.update(busy if t < 6 else behind, float(t)) for t in range(3, 10)]
+    assert levels[:3] == [0, 0, 0]
+    assert levels[3:] == [0, 1, 2, 3, 3, 3, 3]  # one step per second of overload, then the floor
+    assert deg.effects.au_fps == 8.0 and deg.effects.output_scale == 0.5 and deg.effects.asr_step_s == 0.3
+    back = [deg.update(calm, float(t)) for t in range(10, 27)]
+    assert back[4] == 3 and back[5] == 2 and back[10] == 1 and back[15] == 0  # one step back per 5 s calm
+    assert [lvl for _, lvl in deg.steps] == [1, 2, 3, 2, 1, 0] and len(ORDER) == 3
+    off = Degradation(enabled=False)
+    assert [off.update(busy, float(t)) for t in range(5)] == [0] * 5
+
+
+def test_asr_step_of_every_stream_follows_the_degradation():
+    from models.asr import ASRWorker, StreamingConfig
+
+    worker = ASRWorker(engine=_NullEngine(), config=StreamingConfig(int8=False), autostart=False)
+    first = worker.open("a")
+    worker.set_step_s(0.3)
+    second = worker.open("b")
+    assert first.asr.config.step_s == second.asr.config.step_s == 0.3
+    worker.set_step_s(None)
+    assert first.asr.config.step_s == worker.open("c").asr.config.step_s == 0.15
+    assert first.asr.config.min_silence_s == worker.config.min_silence_s  # only the step changed
+
+
+class _NullEngine:
+    """An engine that hears nothing (the worker's scheduling is what is tested, not recognition)."""
+
+    name = "null"
+    forces_prefix = False
+
+    def transcribe(self, audio, prefix=(), prompt="", draft=(), expect_words=False):  # noqa: ANN001, ANN201
+        return []
+
+
+def test_spawned_server_admits_every_peer_unless_the_run_checks_admission():
+    parse = loadtest.build_parser().parse_args
+    assert loadtest.spawn_args(parse(["--spawn-server"])) == ["--admission", "fixed"]
+    assert loadtest.spawn_args(parse(["--spawn-server", "--allow-refusals"])) == []
+    assert loadtest.spawn_args(parse(["--spawn-server", "--server-arg=--admission=measured"])) == [
+        "--admission=measured"]
+
+
+def test_refused_peers_fail_a_round_unless_refusals_are_allowed():
+    words = [[t, t + 0.3, t + 0.5, t + 0.7, "w", "text"] for t in np.arange(0.0, 10.0, 0.5)]
+    admitted = {"index": 0, "connected": True, "run_s": 20.0, "words": words, "level3": {"checks": 10, "ok": 10}}
+    refused = {"index": 1, "connected": False, "error": "WHIP 503: server full",
+               "refused": {"status": 503, "retry_after": "5"}}
+    silent = {"index": 2, "connected": False, "error": "WHIP 503: server full", "refused": {"status": 503,
+                                                                                           "retry_after": None}}
+    strict = loadtest.aggregate([admitted, refused])
+    assert not strict["bounds"]["ok"] and strict["refused"] == [1]
+    lenient = loadtest.aggregate([admitted, refused], allow_refusals=True)
+    assert lenient["bounds"]["ok"] and lenient["failed"] == []
+    assert not loadtest.aggregate([admitted, silent], allow_refusals=True)["bounds"]["ok"]  # 503 needs Retry-After
+    assert not loadtest.aggregate([refused], allow_refusals=True)["bounds"]["ok"]  # someone must be admitted
+    # The load generator's own cost: CPU after the clips were built, per second a peer streamed.
+    assert loadtest.client_cpu_per_peer([admitted, refused], {0: 5.0}, {0: 4.0}) == 0.05
+
+
+def test_slow_words_alone_count_as_overload():
+    from app.degrade import OverloadSignal
+    from app.server_metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    metrics.observe_stage("token_final", 0.2)
+    metrics.observe_stage("au", 3.0)  # not a word
+    metrics.observe_stage("token_interim", 2.5)  # one revised interim of an old word: not overload
+    metrics.observe_stage("token_final", 0.3)
+    assert metrics.word_latency_median() == 0.3
+    assert not OverloadSignal(0.5, 2.0, 0.0, metrics.word_latency_median()).overloaded()
+    for _ in range(4):
+        metrics.observe_stage("token_final", 1.1)  # most words late
+    assert metrics.word_latency_median() == 1.1
+    assert OverloadSignal(0.5, 2.0, 0.0, metrics.word_latency_median()).overloaded()
+    assert not OverloadSignal(0.5, 2.0, 0.0, 0.2).overloaded()
+
+
+def test_asr_worker_reports_how_long_its_oldest_queued_audio_waited():
+    from alignment.types import AudioChunk
+    from models.asr import ASRWorker, StreamingConfig
+
+    worker = ASRWorker(engine=_NullEngine(), config=StreamingConfig(int8=False), autostart=False)  # no lane runs
+    assert worker.stats().oldest_wait_s == 0.0
+    stream = worker.open("a")
+    stream.push(AudioChunk(0.0, np.zeros(320, np.float32)))
+    time.sleep(0.35)
+    stream.push(AudioChunk(0.02, np.zeros(320, np.float32)))
+    assert 0.3 <= worker.stats().oldest_wait_s < 5.0  # the first chunk's wait, not the last one's
