@@ -27,8 +27,6 @@ from alignment.types import SAMPLE_RATE
 log = logging.getLogger(__name__)
 
 FRAME_S = 0.01
-#: Phones of a word cut by the end of the audio that are aligned to find its onset.
-ONSET_PHONES = 2
 #: Viterbi beams wide enough that an alignment of fast or unusual speech is never pruned away
 #: (the decoder's defaults lost one sentence in twelve of fast synthetic speech).
 _BEAMS = {"beam": 1e-80, "wbeam": 1e-60, "pbeam": 1e-80}
@@ -143,29 +141,12 @@ class ForcedAligner:
         self._added += 1
         return key
 
-    def _onset_of(self, key: str) -> str:
-        """A dictionary entry for the first phones of ``key``: enough to find where it starts in
-        audio that stops inside it (a streaming look-ahead)."""
-        phones = (self._decoder.lookup_word(key) or "").split()[:ONSET_PHONES]
-        entry = f"{key}__onset"
-        if self._decoder.lookup_word(entry) is None and phones:
-            self._decoder.add_word(entry, " ".join(phones), update=True)
-            self._added += 1
-        return entry
-
-    def align(self, audio: np.ndarray, words: Sequence[str], last_open: bool = False
-              ) -> list[AlignedWord | None] | None:
+    def align(self, audio: np.ndarray, words: Sequence[str]) -> list[AlignedWord | None] | None:
         """Each word's span in ``audio``; None for a word that cannot be pronounced, and None for
-        the whole call when no alignment of the words fits the audio.
-
-        ``last_open``: the audio may stop inside the last word; only its first phones are aligned
-        (its span's end is then where the audio ends, not the word's).
-        """
+        the whole call when no alignment of the words fits the audio."""
         if self._decoder is None or self._added >= _MAX_ADDED_WORDS:
             self._decoder = self._new_decoder()
         spelled = [self._spell(w) for w in words]
-        if last_open and spelled and spelled[-1] is not None:
-            spelled[-1] = self._onset_of(spelled[-1])
         text = [s for s in spelled if s is not None]
         if not text or len(audio) < 3 * int(FRAME_S * SAMPLE_RATE) * len(text):
             return None
@@ -176,6 +157,9 @@ class ForcedAligner:
                  for word, first, last in segs if word not in _FILLERS]
         if len(spans) != len(text):
             return None
+        duration = len(audio) / SAMPLE_RATE
+        if spans[-1].start > duration - 2 * FRAME_S:
+            return None  # the last word put in the padding after the audio: the words did not fit it
         it = iter(spans)
         return [None if s is None else next(it) for s in spelled]
 

@@ -18,7 +18,7 @@ A refined time over MAX_SHIFT_S from Whisper's estimate is rejected in favour of
 Streaming: with ``lookahead_s``, a call's times are computed from audio that ends at the last
 word's ``end + lookahead_s`` (Whisper's estimate; a streaming recogniser makes words final only
 once audio past their end is in, so this costs no waiting), never later: one forced alignment
-of the words (only the first phones of the last one when the audio stops first). The DTW
+of the words. The DTW
 fallback bounds each word at its own ``end + lookahead_s`` (its rows are real-audio frames and
 its recurrence is causal). A streaming recogniser
 emits finals one or two at a time, so `models.asr.StreamingASR` puts the utterance's last two
@@ -267,13 +267,11 @@ def _forced_group(
     last = max(j for j, want in enumerate(wanted) if want)  # streaming: one alignment up to the bound
     bound = int(round((words[last].end + lookahead_s - pts0) * SAMPLE_RATE))
     stop = min(max(bound, 0), len(x))
-    # Audio that ends before the bound may stop inside the last word: align only its first phones.
-    cut = bound > len(x)
-    spans = aligner().align(x[lo:stop], texts[: last + 1], last_open=cut) if stop > lo else None
+    spans = aligner().align(x[lo:stop], texts[: last + 1]) if stop > lo else None
     if spans is not None:
         for j, s in enumerate(spans):
             if wanted[j] and s is not None:
-                result[j] = (t0 + s.start, None if cut and j == last else t0 + s.end)
+                result[j] = (t0 + s.start, t0 + s.end)
     return result
 
 
