@@ -329,6 +329,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     app = FastAPI(title="synchrony", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.config = config
     app.state.metrics = metrics
+    metrics.watch_lst(lambda: state.stages.lst.snapshot() if state.stages.lst is not None else None)
     app.state.sessions = sessions
     app.state.warm = state
 

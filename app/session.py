@@ -480,21 +480,31 @@ class Session:
         self._response_task = self._spawn(self._respond(ev), "response")
 
     async def _respond(self, ev: Any) -> None:
-        """Answer one utterance: responder tokens paced at the current load's policy, LST-metered."""
+        """Answer one utterance: responder tokens paced at the current load's policy, LST-metered.
+
+        Each ``response`` event carries what its token measured (``ttft_ms`` and ``turn_ms`` on the
+        first, ``itl_ms`` on the rest), so a client can keep the raw samples (``synchrony certify``).
+        """
         policy = self._load[-1].policy if self._load else _default_policy()
-        end_wall = self.clock.wall_of(float(getattr(ev, "pts", 0.0))) or time.monotonic()
+        speech_end = self.clock.wall_of(float(getattr(ev, "pts", 0.0)))
         utterance = getattr(ev, "utterance", 0)
         try:
             self._pacer = self.stages.make_pacer(policy) if self.stages.make_pacer else None
+            request = time.monotonic()  # the responder's request goes out with the first pull below
             if self._lst is not None:
-                self._lst.utterance_end(end_wall)
+                self._lst.begin_response(request, speech_end)
+            since = speech_end if speech_end is not None else request
             async for tok in self._responder.respond(str(getattr(ev, "text", "")), policy, self._pacer):
                 emitted = float(getattr(tok, "emitted", time.monotonic()))
+                event = {"type": "response", "utterance": utterance, "index": getattr(tok, "index", 0),
+                         "text": str(getattr(tok, "text", tok)),
+                         "ms_after_utterance": round((emitted - since) * 1000, 1)}
                 if self._lst is not None:
-                    self._lst.token(emitted)
-                self.emit({"type": "response", "utterance": utterance, "index": getattr(tok, "index", 0),
-                           "text": str(getattr(tok, "text", tok)),
-                           "ms_after_utterance": round((emitted - end_wall) * 1000, 1)})
+                    timing = self._lst.token(emitted)
+                    self.metrics.observe_lst(timing)
+                    event.update({k: round(v * 1000, 3) for k, v in (("ttft_ms", timing.ttft_s),
+                                  ("turn_ms", timing.turn_s), ("itl_ms", timing.itl_s)) if v is not None})
+                self.emit(event)
             if self._lst is not None:
                 self._lst.response_end()
                 self.emit({"type": "lst", **_lst_dict(self._lst.snapshot())})
