@@ -85,6 +85,18 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
+def judge_samples(ttft_ms: Sequence[float], itl_ms_streams: Sequence[Sequence[float]]) -> dict:
+    """The verdict on raw samples, by the meter's definitions: LST TTFT p99 over every response,
+    worst σ8 over each stream's ITLs (one stream = one session's ITLs in emission order), tier."""
+    p99 = percentile(ttft_ms, 99)
+    sigmas = [s for s in (worst_sigma(list(stream)) for stream in itl_ms_streams) if s is not None]
+    jitter = max(sigmas) if sigmas else None
+    itl_max = max((max(stream) for stream in itl_ms_streams if len(stream)), default=None)
+    return {"lst_version": LST_VERSION, "ttft_ms_p99": _r(p99), "jitter_ms": _r(jitter), "itl_ms_max": _r(itl_max),
+            "responses": len(ttft_ms), "intervals": sum(len(s) for s in itl_ms_streams),
+            "tier": tier_for(p99, jitter)}
+
+
 @dataclass(frozen=True)
 class TokenTiming:
     """What one emitted token measured (s): the first of a response has ``ttft_s`` (and ``turn_s``

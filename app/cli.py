@@ -1,4 +1,4 @@
-"""The `synchrony` command: analyze a recording, serve live sessions, load-test, retrain the controller.
+"""The `synchrony` command: analyze, serve, load-test, probe and certify LST, retrain the controller.
 
 Exit codes scripts can rely on: 0 done; 1 internal error; 2 bad input or usage (nothing written);
 3 partial result written (e.g. a recording without audio or without video).
@@ -70,6 +70,12 @@ def _loadtest(argv: list[str]) -> int:
     return loadtest_main(argv)
 
 
+def _probe(argv: list[str]) -> int:
+    from app.lst_probe import main as probe_main
+
+    return probe_main(argv)
+
+
 def _train_controller(args: argparse.Namespace) -> int:
     from models.controller_training import train_controller_command
 
@@ -122,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("loadtest", help="simulated WebRTC peers against a server (see `synchrony loadtest -h`)",
                    add_help=False)
 
+    sub.add_parser("probe", help="read a server's /metrics/lst and fail below a tier (see `synchrony probe -h`)",
+                   add_help=False)
+
     p = sub.add_parser("train-controller", help="retrain the load controller on labelled AU sessions")
     p.add_argument("--data", required=True,
                    help="CSV of labelled AU sessions (format: assets/CONTROLLER_MODEL_CARD.md)")
@@ -136,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["loadtest"]:
         return _loadtest(argv[1:])
+    if argv[:1] == ["probe"]:
+        return _probe(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from alignment.lst import judge_samples, tier_rank
 from app import loadmetrics as lm
 
 log = logging.getLogger("synchrony.loadtest")
@@ -84,6 +85,7 @@ class RoundConfig:
     settle_s: float = 0.0  # words starting before this (peer clock) are not scored
     pre_encode: bool = False  # True: replay VP8 encoded once per worker (WhipPeer encodes every frame)
     min_recall: float = RECALL_BOUND
+    require_lst: str | None = None  # also require this LST tier (alignment.lst) of the round's responses
     tail_s: float = 3.0  # words ending in the last tail_s are not scored: their tokens may still be on the way
 
 
@@ -353,6 +355,9 @@ def peer_figures(peer: Any, truth: lm.ClipTruth, t0: float, t_end: float, cfg: R
         "sync_timeline": [[_r(t), m.get("max_delta_ms"), bool(m.get("ok"))] for t, m in events
                           if m.get("type") == "sync"],
         "lst_last": lst[-1] if lst else None,
+        # server-measured LST samples (wire: response.ttft_ms / itl_ms), for --require-lst
+        "lst_ttft_ms": [m["ttft_ms"] for _, m in responses if isinstance(m.get("ttft_ms"), (int, float))],
+        "lst_itl_ms": [m["itl_ms"] for _, m in responses if isinstance(m.get("itl_ms"), (int, float))],
         "frames_received": peer.frames_received,
         "video_fps": round(len(frames) / (frames[-1] - frames[0]), 2) if len(frames) > 1 else None,
         "first_video_ms": None if peer.first_frame_wall is None else round((peer.first_frame_wall - t0) * 1000, 1),
@@ -518,11 +523,12 @@ def run_round(specs: list[PeerSpec], cfg: RoundConfig, server_pid: int | None) -
             results.append({"index": s.index, "worker": s.worker, "offset_ms": s.offset_ms, "netem": s.netem,
                             "connected": False, "error": "no result (worker failed or timed out)"})
     results.sort(key=lambda r: r["index"])
-    return {"peers": results, "aggregate": aggregate(results, cfg.min_recall), "cpu": cpu, "errors": errors,
-            "wall_s": round(wall, 1), "worker_cpu_s": worker_cpu}
+    return {"peers": results, "aggregate": aggregate(results, cfg.min_recall, cfg.require_lst), "cpu": cpu,
+            "errors": errors, "wall_s": round(wall, 1), "worker_cpu_s": worker_cpu}
 
 
-def aggregate(results: list[dict[str, Any]], min_recall: float = RECALL_BOUND) -> dict[str, Any]:
+def aggregate(results: list[dict[str, Any]], min_recall: float = RECALL_BOUND,
+              require_lst: str | None = None) -> dict[str, Any]:
     """Round figures: pooled word→token latency, Level-3 pass over clean peers, offset detection."""
     first, final = [], []
     words = matched = by_text = 0
@@ -570,7 +576,9 @@ def aggregate(results: list[dict[str, Any]], min_recall: float = RECALL_BOUND) -
         "clean_peers_flagged": sum(bool((r.get("level3") or {}).get("flagged")) for r in clean),
         "latency_by_window": timeline,
     }
-    agg["bounds"] = check_bounds(agg, min_recall)
+    agg["lst"] = judge_samples([x for r in results for x in r.get("lst_ttft_ms", [])],
+                               [r.get("lst_itl_ms", []) for r in results])
+    agg["bounds"] = check_bounds(agg, min_recall, require_lst)
     return agg
 
 
@@ -592,11 +600,14 @@ def latency_windows(points: list[tuple[float, float]], window_s: float = 3.0) ->
     return out
 
 
-def check_bounds(agg: dict[str, Any], min_recall: float = RECALL_BOUND) -> dict[str, Any]:
-    """Which sustain bounds a round met: p95 word→token, Level-3 pass, all connected (+ recall if asked).
+def check_bounds(agg: dict[str, Any], min_recall: float = RECALL_BOUND,
+                 require_lst: str | None = None) -> dict[str, Any]:
+    """Which sustain bounds a round met: p95 word→token, Level-3 pass, all connected (+ recall, LST tier
+    if asked).
 
     p95 counts only words that got a token; ``min_recall`` > 0 also stops a server from passing by
-    dropping words.
+    dropping words. ``require_lst``: the round's LST tier (``agg["lst"]``: the server-measured TTFT
+    and ITL samples its ``response`` events carried, judged by ``alignment.lst``) is at least this.
     """
     p95, l3, recall = agg["latency_ms_p95"], agg["level3_pass_rate"], agg["recall"]
     checks = {
@@ -606,6 +617,9 @@ def check_bounds(agg: dict[str, Any], min_recall: float = RECALL_BOUND) -> dict[
     }
     if min_recall > 0:
         checks[f"word recall >= {min_recall:.0%}"] = recall is not None and recall >= min_recall
+    if require_lst:
+        lst = agg.get("lst") or {}
+        checks[f"LST tier >= {require_lst}"] = tier_rank(lst.get("tier", "none")) >= tier_rank(require_lst)
     return {"ok": all(checks.values()), "checks": checks}
 
 
@@ -740,6 +754,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for the spawned server")
     p.add_argument("--min-recall", type=float, default=RECALL_BOUND, help="also require this word recall "
                    "(0..1) for a round to pass (default: not required)")
+    p.add_argument("--require-lst", choices=("bronze", "silver", "gold"), default=None,
+                   help="also require this LST tier of each round's responses (server-measured TTFT and ITL)")
     p.add_argument("--pre-encode", action="store_true", help="replay VP8 encoded once per worker instead of "
                    "encoding every frame per peer (fixed bitrate, keyframe every 1 s, ignores PLI)")
     p.add_argument("--text", default=DEFAULT_TEXT, help="the sentence every peer speaks (looped)")
@@ -815,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RoundConfig(url=url, duration_s=args.duration, text=args.text, video_size=args.size,
                           seed=args.seed, token=args.token, max_duration_s=args.max_duration,
                           min_sync_checks=args.min_sync_checks, pre_encode=args.pre_encode,
-                          min_recall=args.min_recall)
+                          min_recall=args.min_recall, require_lst=args.require_lst)
         report = run_plan(args, cfg, pid, server)
     finally:
         if server is not None:
@@ -843,7 +859,8 @@ def run_plan(args: argparse.Namespace, cfg: RoundConfig, pid: int | None,
                        "offset_ms": args.offset_ms, "offset_peers": args.offset_peers,
                        "find_max": args.find_max, "stagger_s": args.stagger},
             "rounds": rounds, "result": result,
-            "bounds": {"p95_word_to_token_ms": P95_BOUND_MS, "level3_pass": L3_BOUND, "recall": cfg.min_recall}}
+            "bounds": {"p95_word_to_token_ms": P95_BOUND_MS, "level3_pass": L3_BOUND, "recall": cfg.min_recall,
+                       "lst_tier": cfg.require_lst}}
 
 
 def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, netem: str,
