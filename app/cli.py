@@ -76,6 +76,18 @@ def _probe(argv: list[str]) -> int:
     return probe_main(argv)
 
 
+def _certify(argv: list[str]) -> int:
+    from app.certify import main as certify_main
+
+    return certify_main(argv)
+
+
+def _verify(argv: list[str]) -> int:
+    from app.certify import verify_main
+
+    return verify_main(argv)
+
+
 def _train_controller(args: argparse.Namespace) -> int:
     from models.controller_training import train_controller_command
 
@@ -131,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("probe", help="read a server's /metrics/lst and fail below a tier (see `synchrony probe -h`)",
                    add_help=False)
 
+    sub.add_parser("certify", help="run the LST workload against a server; write a signed report "
+                   "(see `synchrony certify -h`)", add_help=False)
+    sub.add_parser("verify", help="check a certify report's samples, verdict and signature", add_help=False)
+
     p = sub.add_parser("train-controller", help="retrain the load controller on labelled AU sessions")
     p.add_argument("--data", required=True,
                    help="CSV of labelled AU sessions (format: assets/CONTROLLER_MODEL_CARD.md)")
@@ -145,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["loadtest"]:
         return _loadtest(argv[1:])
-    if argv[:1] == ["probe"]:
-        return _probe(argv[1:])
+    passthrough = {"probe": _probe, "certify": _certify, "verify": _verify}
+    if argv[:1] and argv[0] in passthrough:
+        return passthrough[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
