@@ -59,6 +59,8 @@ def _serve(args: argparse.Namespace) -> int:
         output_delay_s=args.output_delay,
         media_timeout_s=args.media_timeout,
         asr_lanes=args.asr_lanes,
+        turn_end_s=args.turn_end_silence,
+        turn_unfinished_end_s=args.turn_unfinished_silence,
     )
     serve(args.host, args.port, config)
     return EXIT_OK
@@ -133,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the returned video runs behind the camera, so captions land on their frames")
     p.add_argument("--asr-lanes", type=int, default=2,
                    help="parallel Whisper decode threads shared by all sessions (one model copy each)")
+    p.add_argument("--turn-end-silence", type=float, default=0.25,
+                   help="seconds of silence that end the user's turn and release the answer (0: wait for the "
+                        "ASR's endpoint and final decode, the old behaviour)")
+    p.add_argument("--turn-unfinished-silence", type=float, default=0.6,
+                   help="... when the last word heard rarely ends a sentence (to, the, and, ...)")
     p.add_argument("--media-timeout", type=float, default=10.0,
                    help="end a session after this many seconds without media from its peer")
     p.set_defaults(func=_serve)

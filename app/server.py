@@ -53,6 +53,8 @@ class ServerConfig:
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
     asr_lanes: int = 2  # decode threads sharing the sessions (2 cores: 4-stream p95 about halves vs 1)
+    turn_end_s: float = 0.25  # silence that ends a user's turn (app/turns.py); 0: the ASR's endpoint decides
+    turn_unfinished_end_s: float = 0.6  # ... after a word a sentence rarely ends on
     max_sdp_bytes: int = MAX_SDP_BYTES
     ui: bool = True  # mount the Gradio page at /
     warmup: bool = True  # load and run every model before /readyz says ready
@@ -289,8 +291,14 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     state = WarmState()
     sessions: dict[str, Session] = {}
     pending = 0
+    turn = None
+    if config.turn_end_s > 0:
+        from app.turns import TurnConfig
+
+        turn = TurnConfig(pause_s=min(0.1, config.turn_end_s), end_s=config.turn_end_s,
+                          unfinished_end_s=max(config.turn_unfinished_end_s, config.turn_end_s))
     session_config = SessionConfig(output_delay_s=config.output_delay_s, output_size=config.output_size,
-                                   media_timeout_s=config.media_timeout_s)
+                                   media_timeout_s=config.media_timeout_s, turn=turn)
 
     def finish_warmup() -> None:
         freeze_warm_heap()  # so reclaim() after each session scans only session objects
