@@ -153,6 +153,7 @@ class Session:
         self._answered_until = -math.inf  # speech end (pts) of the last turn answered
         self._unanswered_end: float | None = None  # a turn ended before its words came: answer when they do
         self._prefetch: tuple[asyncio.Task, asyncio.Event, float] | None = None
+        self._pause_pts: float | None = None  # speech end of the pause now running (turn not over yet)
         self._controller: Any = None
         self._pacer: Any = None
         self._flash_pending: deque[tuple[float, float]] = deque(maxlen=256)  # (pts, flash) awaiting AUs
@@ -445,6 +446,8 @@ class Session:
             self._turn_words[key] = (tok.start, tok.end, tok.text)
             if self._unanswered_end is not None and self._heard_until(self._unanswered_end):
                 self._end_turn(self._unanswered_end)
+            elif self._pause_pts is not None and self._prefetch is None:
+                self._prefetch_response(self._pause_pts)  # the words reached the pause: prefetch now
         for k in frames:
             self._frame_words.setdefault(k, []).append(tok)
         now = time.monotonic()
@@ -508,11 +511,14 @@ class Session:
             return
         for ev in self._turns.feed(chunk, self._turn_text()):  # type: ignore[union-attr]
             if ev.kind == "pause":
+                self._pause_pts = ev.pts
                 self._prefetch_response(ev.pts)
             elif ev.kind == "resume":
+                self._pause_pts = None
                 self._drop_prefetch()
                 self._unanswered_end = None
             else:
+                self._pause_pts = None
                 self._end_turn(ev.pts)
 
     def _turn_text(self) -> str:
