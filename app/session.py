@@ -152,7 +152,7 @@ class Session:
         self._turn_words: dict[tuple[int, int], tuple[float, float, str]] = {}  # key → (start, end, text)
         self._answered_until = -math.inf  # speech end (pts) of the last turn answered
         self._unanswered_end: float | None = None  # a turn ended before its words came: answer when they do
-        self._prefetch: tuple[asyncio.Task, asyncio.Event, float] | None = None
+        self._prefetch: tuple[asyncio.Task, asyncio.Event, float, str] | None = None  # task, gate, pts, text
         self._pause_pts: float | None = None  # speech end of the pause now running (turn not over yet)
         self._controller: Any = None
         self._pacer: Any = None
@@ -446,8 +446,9 @@ class Session:
             self._turn_words[key] = (tok.start, tok.end, tok.text)
             if self._unanswered_end is not None and self._heard_until(self._unanswered_end):
                 self._end_turn(self._unanswered_end)
-            elif self._pause_pts is not None and self._prefetch is None:
-                self._prefetch_response(self._pause_pts)  # the words reached the pause: prefetch now
+            elif self._pause_pts is not None and (self._prefetch is None
+                                                  or self._prefetch[3] != self._turn_text(self._pause_pts)):
+                self._prefetch_response(self._pause_pts)  # the words reached the pause, or changed: (re)send
         for k in frames:
             self._frame_words.setdefault(k, []).append(tok)
         now = time.monotonic()
@@ -521,25 +522,29 @@ class Session:
                 self._pause_pts = None
                 self._end_turn(ev.pts)
 
-    def _turn_text(self) -> str:
-        return " ".join(text for _, _, text in sorted(self._turn_words.values()))
+    def _turn_text(self, until: float = math.inf) -> str:
+        """The turn's words (interims included) that start before ``until``."""
+        return " ".join(text for start, _, text in sorted(self._turn_words.values()) if start < until)
 
     def _turn_utterance(self) -> int:
         return max((u for u, _ in self._turn_words), default=0)
 
     def _heard_until(self, pts: float) -> bool:
-        """The words of this turn reach its end of speech (the ASR has caught up with it)."""
-        return max((end for _, end, _ in self._turn_words.values()), default=-math.inf) >= pts - HEARD_SLACK_S
+        """The words spoken before ``pts`` reach it (the ASR has caught up with this end of speech)."""
+        ends = [end for start, end, _ in self._turn_words.values() if start < pts]
+        return bool(ends) and max(ends) >= pts - HEARD_SLACK_S
 
     def _prefetch_response(self, pts: float) -> None:
-        """Speech paused after words that can end a sentence: send the request now, hold its tokens."""
-        text = self._turn_text()
+        """Speech paused after words that can end a sentence: send the request now, hold its tokens
+        (responders with a network TTFT only: the hold counts in the LST TTFT, docs/LST.md)."""
+        text = self._turn_text(pts)
         self._drop_prefetch()
-        if not text or looks_unfinished(text) or not self._heard_until(pts):
+        if (not getattr(self._responder, "prefetch", False) or not text or looks_unfinished(text)
+                or not self._heard_until(pts)):
             return
         gate = asyncio.Event()
         task = self._spawn(self._respond(text, pts, self._turn_utterance(), gate), "response-prefetch")
-        self._prefetch = (task, gate, pts)
+        self._prefetch = (task, gate, pts, text)
 
     def _drop_prefetch(self) -> None:
         if self._prefetch is not None:
@@ -560,10 +565,10 @@ class Session:
             if not self._heard_until(pts):
                 self._unanswered_end = pts
                 return
-            self._start_response(self._turn_text(), pts, self._turn_utterance(), None)
+            self._start_response(self._turn_text(pts), pts, self._turn_utterance(), None)
         self._unanswered_end = None
         self._answered_until = pts
-        self._turn_words.clear()
+        self._turn_words = {k: w for k, w in self._turn_words.items() if w[0] >= pts}  # the next turn's
 
     def _interrupt_answer(self) -> None:
         if self._response_task is not None and not self._response_task.done():

@@ -8,6 +8,7 @@ import pytest
 from alignment.types import SAMPLE_RATE, AudioChunk
 from app import testmedia
 from app.turns import TurnConfig, TurnDetector, end_silence, looks_unfinished
+from tests.live_fixtures import live_stages  # noqa: F401 - pytest fixture
 
 
 def _speech(text: str) -> np.ndarray:
@@ -65,3 +66,34 @@ def test_config_and_wordlist():
     assert end_silence("to the", cfg) == cfg.unfinished_end_s and end_silence("the station", cfg) == cfg.end_s
     with pytest.raises(ValueError):
         TurnConfig(pause_s=0.3, end_s=0.2)
+
+
+async def test_live_session_prefetches_an_openai_answer_and_reports_both_figures(live_stages, av_clip):  # noqa: F811
+    """A real peer speaks one sentence to a live server whose responder is the OpenAI stand-in (TTFT
+    100 ms): the answer comes, its first token carries LST TTFT (request → token) and turn latency."""
+    import dataclasses
+
+    from app.llm_standin import StandInLLM
+    from app.peer import WhipPeer
+    from app.server import ServerConfig, create_app, running_server
+    from models.responders import OpenAIResponder
+
+    llm = await StandInLLM(ttft_s=0.1).start()
+    stages = dataclasses.replace(live_stages, make_responder=lambda: OpenAIResponder(base_url=llm.base_url))
+    app = create_app(ServerConfig(ui=False, output_delay_s=0.9), stages=stages)
+    try:
+        async with running_server(app) as base:
+            peer = WhipPeer(f"{base}/whip", av_clip)  # the sentence, then silence
+            await peer.connect()
+            try:
+                first = await peer.wait_for("response", lambda m: "ttft_ms" in m, timeout=60)
+            finally:
+                await peer.close()
+    finally:
+        await llm.stop()
+    assert llm.requests >= 1
+    assert first["ttft_ms"] >= 90  # the stand-in's own 100 ms (less a timer tick), plus any hold
+    assert first["turn_ms"] > first["ttft_ms"] and first["text"] == "Sure,"
+    heard = [(round(e.wall - peer.t0_wall, 2), e.message["text"], e.message["final"]) for e in peer.events
+             if e.type == "token"]
+    print(f"LST TTFT {first['ttft_ms']:.0f} ms, turn latency {first['turn_ms']:.0f} ms; tokens {heard}")
