@@ -498,14 +498,17 @@ class Session:
         """The ASR's endpoint: answers unless the turn detector did (or is still deciding)."""
         if self._responder is None or "response" in self.degraded:
             return
-        pts = float(getattr(ev, "pts", 0.0))
+        pts, text = float(getattr(ev, "pts", 0.0)), str(getattr(ev, "text", ""))
         if self._turns is not None:
-            if self._unanswered_end is None or pts < self._unanswered_end - 0.5:
+            # Only for a turn that ended before its words were heard (an utterance inside it, or it).
+            pending = self._unanswered_end
+            if pending is None or not self._answered_until < pts <= pending + 0.5 or not text.strip():
                 return
-            self._unanswered_end = None
+            if pts >= pending - 0.05:
+                self._unanswered_end = None
             self._answered_until = pts
-            self._turn_words.clear()
-        self._start_response(str(getattr(ev, "text", "")), pts, getattr(ev, "utterance", 0), None)
+            self._turn_words = {k: w for k, w in self._turn_words.items() if w[0] >= pts}  # the next turn's
+        self._start_response(text, pts, getattr(ev, "utterance", 0), None)
 
     def _on_turn_audio(self, chunk: AudioChunk) -> None:
         if "response" in self.degraded:
@@ -517,7 +520,6 @@ class Session:
             elif ev.kind == "resume":
                 self._pause_pts = None
                 self._drop_prefetch()
-                self._unanswered_end = None
             else:
                 self._pause_pts = None
                 self._end_turn(ev.pts)
