@@ -14,10 +14,11 @@ is matched to the truth: near a pause inside a turn → that turn was cut short;
 turn → the turn's latency is the first token's arrival minus the true end of speech (what the
 user waits, network included). The server's own figures (turn_ms, LST TTFT) are printed beside.
 
-Both are measured in one run, same clip and machine: "before" with ``--turn-end-silence 0`` (the
-ASR's endpoint and final decode decide, as before app/turns.py), "after" with the defaults.
+Both are measured in one run, same clip and machine, in interleaved rounds: "before" with
+``--turn-end-silence 0`` (the ASR's endpoint and final decode decide, as before app/turns.py),
+"after" with the defaults.
 
-    .venv/bin/python bench/turn_latency.py [--ttft-ms 100] [--loops 1] [--server-arg=--turn-end-silence=0.3]
+    .venv/bin/python bench/turn_latency.py [--ttft-ms 100] [--rounds 2] [--server-arg=--turn-end-silence=0.3]
 """
 
 from __future__ import annotations
@@ -83,10 +84,11 @@ def build_clip(fps: float = 25.0) -> tuple[object, list[TurnTruth]]:
     return testmedia.AVClip(audio, frames, fps, (), "turns", (), 0.0), truths
 
 
-def classify(firsts: list[tuple[float, float, float]], truths: list[TurnTruth], period: float, loops: int
-             ) -> tuple[list[float], int, int, list[float], list[float]]:
+def classify(firsts: list[tuple[float, float, float]], truths: list[TurnTruth], period: float, loops: int,
+             by_turn: dict[int, list[int]]) -> tuple[list[float], int, int, list[float], list[float]]:
     """firsts: (arrival clip time, turn_ms, ttft_ms) per response → (turn latencies s, turns cut short,
-    unmatched responses, server turn_ms of matched turns, LST TTFT ms)."""
+    unmatched responses, server turn_ms of matched turns, LST TTFT ms); ``by_turn`` collects the
+    latencies (ms) per turn of TURNS."""
     latencies, server_turn, ttfts = [], [], []
     cut_turns: set[tuple[int, int]] = set()
     unmatched = 0
@@ -111,6 +113,7 @@ def classify(firsts: list[tuple[float, float, float]], truths: list[TurnTruth], 
             answered.add(best[1])
             latencies.append(best[2])
             server_turn.append(turn_ms)
+            by_turn[best[1][1]].append(round(best[2] * 1000))
     return latencies, len(cut_turns), unmatched, server_turn, ttfts
 
 
@@ -121,6 +124,7 @@ class Figures:
     unmatched: int
     server_turn_ms: list[float]
     ttft_ms: list[float]
+    by_turn: dict[int, list[int]]
 
 
 async def measure(args: argparse.Namespace, server_args: list[str]) -> Figures:
@@ -144,8 +148,9 @@ async def measure(args: argparse.Namespace, server_args: list[str]) -> Figures:
     t0 = peer.t0_wall
     firsts = [(e.wall - t0, e.message["turn_ms"], e.message["ttft_ms"]) for e in peer.events
               if e.type == "response" and "turn_ms" in e.message]
-    lat, cut, unmatched, server_turn, ttfts = classify(firsts, truths, clip.duration, args.loops)
-    return Figures(np.asarray(lat) * 1000, cut, unmatched, server_turn, ttfts)
+    by_turn: dict[int, list[int]] = {k: [] for k in range(len(TURNS))}
+    lat, cut, unmatched, server_turn, ttfts = classify(firsts, truths, clip.duration, args.loops, by_turn)
+    return Figures(np.asarray(lat) * 1000, cut, unmatched, server_turn, ttfts, by_turn)
 
 
 def report(name: str, f: Figures, turns: int, with_pause: int) -> None:
@@ -159,16 +164,32 @@ def report(name: str, f: Figures, turns: int, with_pause: int) -> None:
               f" p99 {np.percentile(f.ttft_ms, 99):.0f} ms")
     print(f"  turns cut short (answered at a pause inside): {f.cut} of {with_pause}; turns answered at their end: "
           f"{len(ms)} of {turns}; responses matching no truth: {f.unmatched}")
+    print("  per turn (ms): " + "; ".join(f"'{' '.join(TURNS[k][0])[-18:]}' {v}" for k, v in f.by_turn.items()))
+
+
+def _pool(runs: list[Figures]) -> Figures:
+    return Figures(np.concatenate([f.latencies_ms for f in runs]), sum(f.cut for f in runs),
+                   sum(f.unmatched for f in runs), [x for f in runs for x in f.server_turn_ms],
+                   [x for f in runs for x in f.ttft_ms],
+                   {k: [x for f in runs for x in f.by_turn[k]] for k in runs[0].by_turn})
 
 
 async def run(args: argparse.Namespace) -> int:
     turns = len(TURNS) * args.loops
     with_pause = sum(1 for parts, _ in TURNS if len(parts) > 1) * args.loops
     print(f"{turns} turns ({with_pause} with a pause inside), responder TTFT {args.ttft_ms:g} ms")
-    before = await measure(args, ["--turn-end-silence", "0"])
-    report("before (the ASR's endpoint answers: --turn-end-silence 0)", before, turns, with_pause)
-    after = await measure(args, args.server_arg)
-    report(f"after (app/turns.py, server args {args.server_arg or 'defaults'})", after, turns, with_pause)
+    befores, afters = [], []
+    for r in range(args.rounds):  # interleaved, so a load that drifts over the run hits both alike
+        befores.append(await measure(args, ["--turn-end-silence", "0"]))
+        report(f"round {r + 1} before (the ASR's endpoint answers: --turn-end-silence 0)", befores[-1], turns,
+               with_pause)
+        afters.append(await measure(args, args.server_arg))
+        report(f"round {r + 1} after (app/turns.py, server args {args.server_arg or 'defaults'})", afters[-1], turns,
+               with_pause)
+    before, after = _pool(befores), _pool(afters)
+    turns, with_pause = turns * args.rounds, with_pause * args.rounds
+    report("all rounds, before", before, turns, with_pause)
+    report("all rounds, after", after, turns, with_pause)
     ms = after.latencies_ms
     checks = {
         "turn latency p50 <= 600 ms": len(ms) > 0 and np.percentile(ms, 50) <= 600,
@@ -184,7 +205,8 @@ async def run(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ttft-ms", type=float, default=100.0, help="the stand-in responder's own TTFT")
-    ap.add_argument("--loops", type=int, default=1)
+    ap.add_argument("--loops", type=int, default=1, help="times the clip is spoken per measurement")
+    ap.add_argument("--rounds", type=int, default=2, help="before/after measurement pairs, interleaved")
     ap.add_argument("--server-arg", action="append", default=[], help="extra `synchrony serve` argument (after)")
     args = ap.parse_args()
     t = time.monotonic()
