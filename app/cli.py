@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the returned video runs behind the camera, so captions land on their frames")
     p.add_argument("--asr-lanes", type=int, default=2,
                    help="parallel Whisper decode threads shared by all sessions (one model copy each)")
-    p.add_argument("--turn-end-silence", type=float, default=0.25,
+    p.add_argument("--turn-end-silence", type=float, default=0.3,
                    help="seconds of silence that end the user's turn and release the answer (0: wait for the "
                         "ASR's endpoint and final decode, the old behaviour)")
     p.add_argument("--turn-unfinished-silence", type=float, default=0.6,

@@ -53,7 +53,7 @@ class ServerConfig:
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
     asr_lanes: int = 2  # decode threads sharing the sessions (2 cores: 4-stream p95 about halves vs 1)
-    turn_end_s: float = 0.25  # silence that ends a user's turn (app/turns.py); 0: the ASR's endpoint decides
+    turn_end_s: float = 0.3  # silence that ends a user's turn (app/turns.py); 0: the ASR's endpoint decides
     turn_unfinished_end_s: float = 0.6  # ... after a word a sentence rarely ends on
     max_sdp_bytes: int = MAX_SDP_BYTES
     ui: bool = True  # mount the Gradio page at /

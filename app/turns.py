@@ -38,7 +38,7 @@ class TurnConfig:
     """Silence (s) that starts a prefetch, ends a turn, and ends one whose last word is unfinished."""
 
     pause_s: float = 0.1
-    end_s: float = 0.25
+    end_s: float = 0.3  # a little over the ASR's endpoint silence (0.25 s): never cuts a turn the ASR would not
     unfinished_end_s: float = 0.6
     vad_threshold: float = 0.5
 
