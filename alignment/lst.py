@@ -1,17 +1,25 @@
-"""LST metrics of a response token stream: TTFT, ITL, ITLmax, jitter σ over the last 8 intervals, tier.
+"""LST metrics of a response token stream: LST TTFT, turn latency, ITL, ITLmax, jitter σ8, tier.
 
 All times are seconds on one clock chosen by the caller (normally ``time.monotonic`` wall time at
-emission); the session maps the VAD's end-of-utterance pts onto that clock before calling
-``utterance_end``. Figures are reported in milliseconds.
+emission); the session maps the VAD's end-of-speech pts onto that clock. Figures are in ms.
 
-Definitions (fixed here so tests and dashboards agree):
+Definitions (fixed here so tests, dashboards and certification reports agree; docs/LST.md):
 
-* TTFT: end of the user's utterance → the first response token after it. p99 uses linear
-  interpolation between order statistics (``numpy.percentile`` default) over the last
-  ``history`` TTFTs.
-* ITL: interval between consecutive tokens of one response (never across responses).
-* jitter: population standard deviation (ddof=0) of the last ``window`` (8) ITLs; needs ≥ 2.
-* tier: Gold TTFT99 ≤ 65 ms & jitter ≤ 3 ms; Silver ≤ 120 & ≤ 8; Bronze ≤ 200 & ≤ 15; else
+* **LST TTFT** (the standard's): the responder request was sent → the first response token was
+  emitted. ``ttft_ms_p99`` is its p99: linear interpolation between order statistics
+  (``numpy.percentile`` default) over the last ``history`` responses.
+* **turn latency** (the user's): the end of the user's speech (VAD end of speech) → the first
+  response token. It includes deciding that the turn ended, the final decode and the request's own
+  TTFT. Reported (p50/p95/p99) beside the LST figures, never judged by the tiers.
+* **ITL**: interval between consecutive tokens of one response (never across responses).
+* **jitter σ8**: population standard deviation (ddof=0) of 8 consecutive ITLs of the stream (a
+  window may span responses, as the standard's sliding window does). ``jitter_ms`` is the *worst*
+  σ8 over every window the stream had (a stream with fewer than 8 ITLs: σ of all of them, ≥ 2);
+  ``jitter_ms_last8`` is the σ of the last 8, what the meter reads now.
+* **ITLmax**: the longest ITL. Reported, not judged: the standard bounds TTFT99 and jitter only, and
+  the worst-window σ8 already fails a stall (one interval d among seven of m has σ8 = (d − m)·√7/8,
+  so a stall more than ~9 ms past the pace fails Gold and more than ~46 ms fails Bronze).
+* **tier**: Gold TTFT99 ≤ 65 ms & jitter ≤ 3 ms; Silver ≤ 120 & ≤ 8; Bronze ≤ 200 & ≤ 15; else
   "none" (also "none" until there is a TTFT and a jitter figure).
 """
 
@@ -19,7 +27,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,7 +38,11 @@ TIERS: tuple[tuple[str, float, float], ...] = (
     ("silver", 120.0, 8.0),
     ("bronze", 200.0, 15.0),
 )
+TIER_NAMES = ("none", "bronze", "silver", "gold")  # worst first: index = rank
 JITTER_WINDOW = 8
+#: Version of the figures' definitions in ``lst`` events and /metrics/lst (1: TTFT from the end of
+#: speech, jitter over the last 8 ITLs only; 2: the definitions above).
+LST_VERSION = 2
 
 
 def tier_for(ttft_ms_p99: float | None, jitter_ms: float | None) -> str:
@@ -42,17 +55,60 @@ def tier_for(ttft_ms_p99: float | None, jitter_ms: float | None) -> str:
     return "none"
 
 
-def _p99(values: Iterable[float]) -> float | None:
+def tier_rank(tier: str) -> int:
+    """0 none … 3 gold; a clear ValueError for an unknown name (CLI input)."""
+    try:
+        return TIER_NAMES.index(tier.lower())
+    except ValueError:
+        raise ValueError(f"unknown LST tier {tier!r}; choose one of {', '.join(TIER_NAMES[1:])}") from None
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """``numpy.percentile`` (linear) of ``values``; None when empty."""
     arr = np.fromiter(values, dtype=np.float64)
-    return float(np.percentile(arr, 99)) if len(arr) else None
+    return float(np.percentile(arr, q)) if len(arr) else None
+
+
+def worst_sigma(itls: Sequence[float], window: int = JITTER_WINDOW) -> float | None:
+    """Worst σ (ddof=0) over every ``window`` consecutive values; σ of all with fewer; None under 2."""
+    n = len(itls)
+    if n < 2:
+        return None
+    arr = np.asarray(itls, dtype=np.float64)
+    if n <= window:
+        return float(np.std(arr))
+    windows = np.lib.stride_tricks.sliding_window_view(arr, window)
+    return float(np.std(windows, axis=1).max())
 
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
+def judge_samples(ttft_ms: Sequence[float], itl_ms_streams: Sequence[Sequence[float]]) -> dict:
+    """The verdict on raw samples, by the meter's definitions: LST TTFT p99 over every response,
+    worst σ8 over each stream's ITLs (one stream = one session's ITLs in emission order), tier."""
+    p99 = percentile(ttft_ms, 99)
+    sigmas = [s for s in (worst_sigma(list(stream)) for stream in itl_ms_streams) if s is not None]
+    jitter = max(sigmas) if sigmas else None
+    itl_max = max((max(stream) for stream in itl_ms_streams if len(stream)), default=None)
+    return {"lst_version": LST_VERSION, "ttft_ms_p99": _r(p99), "jitter_ms": _r(jitter), "itl_ms_max": _r(itl_max),
+            "responses": len(ttft_ms), "intervals": sum(len(s) for s in itl_ms_streams),
+            "tier": tier_for(p99, jitter)}
+
+
+@dataclass(frozen=True)
+class TokenTiming:
+    """What one emitted token measured (s): the first of a response has ``ttft_s`` (and ``turn_s``
+    when the end of speech is known); later ones have ``itl_s``."""
+
+    ttft_s: float | None = None
+    turn_s: float | None = None
+    itl_s: float | None = None
+
+
 class LSTMeter:
-    """One session's token-stream meter: call ``utterance_end`` then ``token`` for each emission."""
+    """One session's token-stream meter: ``begin_response`` then ``token`` for each emission."""
 
     def __init__(self, window: int = JITTER_WINDOW, history: int = 1000) -> None:
         if window < 2:
@@ -60,34 +116,54 @@ class LSTMeter:
         self.window = window
         self._lock = threading.Lock()
         self._ttft_s: deque[float] = deque(maxlen=history)
+        self._turn_s: deque[float] = deque(maxlen=history)
         self._itl_s: deque[float] = deque(maxlen=window)
+        self._itl_count = 0  # ITLs in the stream (the deque keeps the last ``window``)
+        self._early_itl_s: list[float] = []  # the stream's first ITLs, until a full window exists
+        self._worst_sigma_s: float | None = None
         self._itl_max_s: float | None = None
-        self._pending_end: float | None = None
+        self._pending: tuple[float, float | None] | None = None  # (request, end of speech)
         self._last_token: float | None = None
         self.tokens = 0
         self.responses = 0
         self.intervals = 0
 
-    def utterance_end(self, t: float) -> None:
-        """The user stopped speaking at ``t`` (VAD end of utterance): the next token starts a response."""
+    def begin_response(self, request_t: float, speech_end_t: float | None = None) -> None:
+        """The responder request went out at ``request_t`` for a turn whose speech ended at
+        ``speech_end_t``: the next token is this response's first."""
         with self._lock:
-            self._pending_end = t
+            self._pending = (request_t, speech_end_t)
             self._last_token = None
 
-    def token(self, t: float) -> None:
-        """A response token was emitted at ``t``."""
+    def token(self, t: float) -> TokenTiming:
+        """A response token was emitted at ``t``; returns what it measured."""
         with self._lock:
             self.tokens += 1
-            if self._pending_end is not None:
-                self._ttft_s.append(t - self._pending_end)
-                self._pending_end = None
+            timing = TokenTiming()
+            if self._pending is not None:
+                request_t, speech_end_t = self._pending
+                self._pending = None
+                timing = TokenTiming(ttft_s=t - request_t, turn_s=None if speech_end_t is None else t - speech_end_t)
+                self._ttft_s.append(timing.ttft_s)  # type: ignore[arg-type]
+                if timing.turn_s is not None:
+                    self._turn_s.append(timing.turn_s)
                 self.responses += 1
             elif self._last_token is not None:
-                itl = t - self._last_token
-                self._itl_s.append(itl)
-                self.intervals += 1
-                self._itl_max_s = itl if self._itl_max_s is None else max(self._itl_max_s, itl)
+                timing = TokenTiming(itl_s=t - self._last_token)
+                self._add_itl(timing.itl_s)  # type: ignore[arg-type]
             self._last_token = t
+            return timing
+
+    def _add_itl(self, itl: float) -> None:
+        self._itl_s.append(itl)
+        self.intervals += 1
+        self._itl_max_s = itl if self._itl_max_s is None else max(self._itl_max_s, itl)
+        if self.intervals < self.window:
+            self._early_itl_s.append(itl)
+            return
+        self._early_itl_s = []
+        sigma = float(np.std(np.fromiter(self._itl_s, dtype=np.float64)))
+        self._worst_sigma_s = sigma if self._worst_sigma_s is None else max(self._worst_sigma_s, sigma)
 
     def response_end(self) -> None:
         """The response finished: the gap to the next response's tokens is not an ITL."""
@@ -98,24 +174,41 @@ class LSTMeter:
         with self._lock:
             return [v * 1e3 for v in self._ttft_s]
 
-    def jitter_ms(self) -> float | None:
-        """σ (ddof=0) of the last ``window`` ITLs, in ms; None with fewer than 2."""
+    def turns_ms(self) -> list[float]:
         with self._lock:
-            if len(self._itl_s) < 2:
-                return None
-            return float(np.std(np.fromiter(self._itl_s, dtype=np.float64))) * 1e3
+            return [v * 1e3 for v in self._turn_s]
+
+    def jitter_ms(self) -> float | None:
+        """The worst σ8 of the stream so far, in ms (see the module docstring); None under 2 ITLs."""
+        with self._lock:
+            return self._worst_ms()
+
+    def _worst_ms(self) -> float | None:
+        if self._worst_sigma_s is not None:
+            return self._worst_sigma_s * 1e3
+        early = worst_sigma(self._early_itl_s, self.window)
+        return None if early is None else early * 1e3
 
     def snapshot(self) -> dict:
-        """ttft_ms_p99, itl_ms_max, jitter_ms, tier, plus counts and the last ITL."""
-        jitter = self.jitter_ms()
+        """LST TTFT p50/p99, turn latency p50/p95/p99, ITLmax, worst and last-8 jitter, tier, counts."""
         with self._lock:
-            p99 = _p99(v * 1e3 for v in self._ttft_s)
+            ttft = [v * 1e3 for v in self._ttft_s]
+            turn = [v * 1e3 for v in self._turn_s]
+            p99 = percentile(ttft, 99)
+            jitter = self._worst_ms()
+            last8 = worst_sigma(list(self._itl_s)[-self.window:], self.window) if len(self._itl_s) >= 2 else None
             last_itl = self._itl_s[-1] * 1e3 if self._itl_s else None
             return {
+                "lst_version": LST_VERSION,
                 "ttft_ms_p99": _r(p99),
+                "ttft_ms_p50": _r(percentile(ttft, 50)),
+                "turn_ms_p50": _r(percentile(turn, 50)),
+                "turn_ms_p95": _r(percentile(turn, 95)),
+                "turn_ms_p99": _r(percentile(turn, 99)),
                 "itl_ms_max": _r(None if self._itl_max_s is None else self._itl_max_s * 1e3),
                 "itl_ms_last": _r(last_itl),
                 "jitter_ms": _r(jitter),
+                "jitter_ms_last8": _r(None if last8 is None else last8 * 1e3),
                 "tier": tier_for(p99, jitter),
                 "tokens": self.tokens,
                 "responses": self.responses,
@@ -124,16 +217,19 @@ class LSTMeter:
 
 
 class LSTAggregate:
-    """All sessions' meters, for the server's /metrics/lst.
+    """All sessions' meters, for the server's /metrics/lst and /metrics.
 
-    Pooled TTFT p99 over every live session plus a bounded history of closed ones; worst ITLmax;
-    jitter as the worst current session (the tier must hold for every session, so the worst rules).
+    Pooled LST TTFT and turn latency over every live session plus a bounded history of closed ones;
+    worst ITLmax; jitter as the worst session, live or recently closed (the tier must hold for every
+    session, so the worst rules).
     """
 
-    def __init__(self, history: int = 10_000) -> None:
+    def __init__(self, history: int = 10_000, closed_sessions: int = 1000) -> None:
         self._lock = threading.Lock()
         self._meters: dict[str, LSTMeter] = {}
         self._retired_ttft_ms: deque[float] = deque(maxlen=history)
+        self._retired_turn_ms: deque[float] = deque(maxlen=history)
+        self._retired_jitter_ms: deque[float] = deque(maxlen=closed_sessions)
         self._retired_itl_max_ms: float | None = None
         self._retired_sessions = 0
 
@@ -146,13 +242,16 @@ class LSTAggregate:
             return m
 
     def remove(self, session_id: str) -> None:
-        """Close a session; its TTFTs and ITLmax stay in the pooled figures."""
+        """Close a session; its TTFTs, turn latencies, worst jitter and ITLmax stay in the pooled figures."""
         with self._lock:
             m = self._meters.pop(session_id, None)
             if m is None:
                 return
             snap = m.snapshot()
             self._retired_ttft_ms.extend(m.ttfts_ms())
+            self._retired_turn_ms.extend(m.turns_ms())
+            if snap["jitter_ms"] is not None:
+                self._retired_jitter_ms.append(snap["jitter_ms"])
             if snap["itl_ms_max"] is not None:
                 self._retired_itl_max_ms = max(self._retired_itl_max_ms or 0.0, snap["itl_ms_max"])
             self._retired_sessions += 1
@@ -161,28 +260,38 @@ class LSTAggregate:
         with self._lock:
             meters = dict(self._meters)
             ttfts = list(self._retired_ttft_ms)
+            turns = list(self._retired_turn_ms)
+            jitters = list(self._retired_jitter_ms)
             itl_max = self._retired_itl_max_ms
             retired = self._retired_sessions
         sessions = {}
-        jitters = []
+        live_jitters = []
         for sid, m in meters.items():
             snap = m.snapshot()
             sessions[sid] = snap
             ttfts.extend(m.ttfts_ms())
+            turns.extend(m.turns_ms())
             if snap["itl_ms_max"] is not None:
                 itl_max = max(itl_max or 0.0, snap["itl_ms_max"])
             if snap["jitter_ms"] is not None:
-                jitters.append(snap["jitter_ms"])
-        p99 = _p99(ttfts)
+                live_jitters.append(snap["jitter_ms"])
+        jitters += live_jitters
+        p99 = percentile(ttfts, 99)
         worst_jitter = max(jitters) if jitters else None
         return {
+            "lst_version": LST_VERSION,
             "ttft_ms_p99": _r(p99),
+            "ttft_ms_p50": _r(percentile(ttfts, 50)),
+            "turn_ms_p50": _r(percentile(turns, 50)),
+            "turn_ms_p95": _r(percentile(turns, 95)),
+            "turn_ms_p99": _r(percentile(turns, 99)),
             "itl_ms_max": _r(itl_max),
             "jitter_ms": _r(worst_jitter),
-            "jitter_ms_mean": _r(float(np.mean(jitters)) if jitters else None),
+            "jitter_ms_mean": _r(float(np.mean(live_jitters)) if live_jitters else None),
             "tier": tier_for(p99, worst_jitter),
             "sessions": len(meters),
             "closed_sessions": retired,
             "ttft_samples": len(ttfts),
+            "turn_samples": len(turns),
             "per_session": sessions,
         }

@@ -1,5 +1,5 @@
 """The `synchrony` command: analyze a recording, serve live sessions (one server or a Ray cluster),
-load-test, retrain the controller.
+load-test, probe and certify LST, retrain the controller.
 
 Exit codes scripts can rely on: 0 done; 1 internal error; 2 bad input or usage (nothing written);
 3 partial result written (e.g. a recording without audio or without video).
@@ -63,6 +63,8 @@ def _server_config(args: argparse.Namespace, ui: bool = True) -> Any:
         admission=args.admission,
         degrade=not args.no_degrade,
         **({"session_cost_cores": args.session_cost} if args.session_cost else {}),
+        turn_end_s=args.turn_end_silence,
+        turn_unfinished_end_s=args.turn_unfinished_silence,
     )
 
 
@@ -97,6 +99,24 @@ def _loadtest(argv: list[str]) -> int:
     from app.loadtest import main as loadtest_main
 
     return loadtest_main(argv)
+
+
+def _probe(argv: list[str]) -> int:
+    from app.lst_probe import main as probe_main
+
+    return probe_main(argv)
+
+
+def _certify(argv: list[str]) -> int:
+    from app.certify import main as certify_main
+
+    return certify_main(argv)
+
+
+def _verify(argv: list[str]) -> int:
+    from app.certify import verify_main
+
+    return verify_main(argv)
 
 
 def _train_controller(args: argparse.Namespace) -> int:
@@ -137,6 +157,11 @@ def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> N
     p.add_argument("--no-degrade", action="store_true", help="never shed work under overload (docs/WIRE.md)")
     p.add_argument("--session-cost", type=float, default=0.0, help="CPU per session (cores) to assume until "
                    "one has been measured (default: the figure measured on a 2-core machine)")
+    p.add_argument("--turn-end-silence", type=float, default=0.3,
+                   help="seconds of silence that end the user's turn and release the answer (0: wait for the "
+                        "ASR's endpoint and final decode, the old behaviour)")
+    p.add_argument("--turn-unfinished-silence", type=float, default=0.6,
+                   help="... when the last word heard rarely ends a sentence (to, the, and, ...)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("loadtest", help="simulated WebRTC peers against a server (see `synchrony loadtest -h`)",
                    add_help=False)
 
+    sub.add_parser("probe", help="read a server's /metrics/lst and fail below a tier (see `synchrony probe -h`)",
+                   add_help=False)
+
+    sub.add_parser("certify", help="run the LST workload against a server; write a signed report "
+                   "(see `synchrony certify -h`)", add_help=False)
+    sub.add_parser("verify", help="check a certify report's samples, verdict and signature", add_help=False)
+
     p = sub.add_parser("train-controller", help="retrain the load controller on labelled AU sessions")
     p.add_argument("--data", required=True,
                    help="CSV of labelled AU sessions (format: assets/CONTROLLER_MODEL_CARD.md)")
@@ -193,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["loadtest"]:
         return _loadtest(argv[1:])
+    passthrough = {"probe": _probe, "certify": _certify, "verify": _verify}
+    if argv[:1] and argv[0] in passthrough:
+        return passthrough[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from alignment.lst import judge_samples, tier_rank
 from app import loadmetrics as lm
 
 log = logging.getLogger("synchrony.loadtest")
@@ -86,6 +87,7 @@ class RoundConfig:
     decode_video: bool = False  # decode the returned video and time its flashes (False: count its RTP frames)
     allow_refusals: bool = False  # a peer refused with 503 + Retry-After does not fail the round
     min_recall: float = RECALL_BOUND
+    require_lst: str | None = None  # also require this LST tier (alignment.lst) of the round's responses
     tail_s: float = 3.0  # words ending in the last tail_s are not scored: their tokens may still be on the way
 
 
@@ -412,6 +414,9 @@ def peer_figures(peer: Any, truth: lm.ClipTruth, t0: float, t_end: float, cfg: R
         "sync_timeline": [[_r(t), m.get("max_delta_ms"), bool(m.get("ok"))] for t, m in events
                           if m.get("type") == "sync"],
         "lst_last": lst[-1] if lst else None,
+        # server-measured LST samples (wire: response.ttft_ms / itl_ms), for --require-lst
+        "lst_ttft_ms": [m["ttft_ms"] for _, m in responses if isinstance(m.get("ttft_ms"), (int, float))],
+        "lst_itl_ms": [m["itl_ms"] for _, m in responses if isinstance(m.get("itl_ms"), (int, float))],
         "frames_received": peer.frames_received,
         "video_decoded": peer.decode_video,
         "video_fps": round(len(frames) / (frames[-1] - frames[0]), 2) if len(frames) > 1 else None,
@@ -601,7 +606,7 @@ def run_round(specs: list[PeerSpec], cfg: RoundConfig, server_pid: int | None) -
             results.append({"index": s.index, "worker": s.worker, "offset_ms": s.offset_ms, "netem": s.netem,
                             "connected": False, "error": "no result (worker failed or timed out)"})
     results.sort(key=lambda r: r["index"])
-    agg = aggregate(results, cfg.min_recall, cfg.allow_refusals)
+    agg = aggregate(results, cfg.min_recall, cfg.allow_refusals, cfg.require_lst)
     agg["client_cpu_per_peer"] = client_cpu_per_peer(results, worker_cpu, setup_cpu)
     agg["degradation"] = sampler.degradation  # [t, level] at each change of the server's degradation level
     return {"peers": results, "aggregate": agg, "cpu": cpu, "errors": errors,
@@ -620,7 +625,7 @@ def client_cpu_per_peer(results: list[dict[str, Any]], worker_cpu: dict[int, flo
 
 
 def aggregate(results: list[dict[str, Any]], min_recall: float = RECALL_BOUND,
-              allow_refusals: bool = False) -> dict[str, Any]:
+              allow_refusals: bool = False, require_lst: str | None = None) -> dict[str, Any]:
     """Round figures: pooled word→token latency, Level-3 pass over clean peers, offset detection.
 
     With ``allow_refusals`` a peer the server refused with 503 + Retry-After (full) is counted as
@@ -674,7 +679,9 @@ def aggregate(results: list[dict[str, Any]], min_recall: float = RECALL_BOUND,
         "clean_peers_flagged": sum(bool((r.get("level3") or {}).get("flagged")) for r in clean),
         "latency_by_window": timeline,
     }
-    agg["bounds"] = check_bounds(agg, min_recall, allow_refusals)
+    agg["lst"] = judge_samples([x for r in results for x in r.get("lst_ttft_ms", [])],
+                               [r.get("lst_itl_ms", []) for r in results])
+    agg["bounds"] = check_bounds(agg, min_recall, allow_refusals, require_lst)
     return agg
 
 
@@ -696,12 +703,16 @@ def latency_windows(points: list[tuple[float, float]], window_s: float = 3.0) ->
     return out
 
 
-def check_bounds(agg: dict[str, Any], min_recall: float = RECALL_BOUND, allow_refusals: bool = False) -> dict[str, Any]:
-    """Which sustain bounds a round met: p95 word→token, Level-3 pass, all connected (+ recall if asked).
+def check_bounds(agg: dict[str, Any], min_recall: float = RECALL_BOUND, allow_refusals: bool = False,
+                 require_lst: str | None = None) -> dict[str, Any]:
+    """Which sustain bounds a round met: p95 word→token, Level-3 pass, all connected (+ recall, LST tier
+    if asked).
 
     p95 counts only words that got a token; ``min_recall`` > 0 also stops a server from passing by
     dropping words. With ``allow_refusals``, every peer must be admitted and stay connected, or be
-    refused with 503 + Retry-After, and at least one must be admitted.
+    refused with 503 + Retry-After, and at least one must be admitted. ``require_lst``: the round's
+    LST tier (``agg["lst"]``: the server-measured TTFT and ITL samples its ``response`` events
+    carried, judged by ``alignment.lst``) is at least this.
     """
     p95, l3, recall = agg["latency_ms_p95"], agg["level3_pass_rate"], agg["recall"]
     if allow_refusals:
@@ -717,6 +728,9 @@ def check_bounds(agg: dict[str, Any], min_recall: float = RECALL_BOUND, allow_re
     }
     if min_recall > 0:
         checks[f"word recall >= {min_recall:.0%}"] = recall is not None and recall >= min_recall
+    if require_lst:
+        lst = agg.get("lst") or {}
+        checks[f"LST tier >= {require_lst}"] = tier_rank(lst.get("tier", "none")) >= tier_rank(require_lst)
     return {"ok": all(checks.values()), "checks": checks}
 
 
@@ -862,6 +876,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "markers' flashes in it (flash_lag_ms); by default its frames are counted from RTP packets")
     p.add_argument("--allow-refusals", action="store_true", help="peers the server refuses with 503 + "
                    "Retry-After (full) do not fail a round; the bounds hold over the admitted ones")
+    p.add_argument("--require-lst", choices=("bronze", "silver", "gold"), default=None,
+                   help="also require this LST tier of each round's responses (server-measured TTFT and ITL)")
     p.add_argument("--text", default=DEFAULT_TEXT, help="the sentence every peer speaks (looped)")
     p.add_argument("--video-size", default="640x360", help="WxH of the video peers send")
     p.add_argument("--seed", type=int, default=0)
@@ -945,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
                           seed=args.seed, token=args.token, max_duration_s=args.max_duration,
                           min_sync_checks=args.min_sync_checks, pre_encode=args.pre_encode,
                           decode_video=args.decode_video, allow_refusals=args.allow_refusals,
-                          min_recall=args.min_recall)
+                          min_recall=args.min_recall, require_lst=args.require_lst)
         report = run_plan(args, cfg, pid, server)
     finally:
         if server is not None:
@@ -973,7 +989,8 @@ def run_plan(args: argparse.Namespace, cfg: RoundConfig, pid: int | None,
                        "offset_ms": args.offset_ms, "offset_peers": args.offset_peers,
                        "find_max": args.find_max, "stagger_s": args.stagger},
             "rounds": rounds, "result": result,
-            "bounds": {"p95_word_to_token_ms": P95_BOUND_MS, "level3_pass": L3_BOUND, "recall": cfg.min_recall}}
+            "bounds": {"p95_word_to_token_ms": P95_BOUND_MS, "level3_pass": L3_BOUND, "recall": cfg.min_recall,
+                       "lst_tier": cfg.require_lst}}
 
 
 def _run_scenario(args: argparse.Namespace, cfg: RoundConfig, pid: int | None, netem: str,

@@ -58,7 +58,7 @@ def replay_lst(tokens: Sequence[WordToken], loads: Sequence[LoadEstimate], asr_s
             end = words[-1].end
             ready = end + asr_seconds * max(words[-1].end - words[0].start, 0.0) / speech_s
             clock.now = max(clock.now, ready)
-            meter.utterance_end(end)
+            meter.begin_response(clock.now, speech_end_t=end)  # the request goes out once the ASR is done
             policy = _policy_at(end, loads)
             pacer = TokenPacer(policy, clock=clock, sleep=clock.sleep)
             emitted = [tok.emitted async for tok in responder.respond(" ".join(w.text for w in words), policy, pacer)]

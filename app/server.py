@@ -71,6 +71,8 @@ class ServerConfig:
     # under a brief overload, shed work in app.degrade.ORDER before words run late (``synchrony serve``'s
     # default; off for in-process servers, whose load includes their own test peers)
     degrade: bool = False
+    turn_end_s: float = 0.3  # silence that ends a user's turn (app/turns.py); 0: the ASR's endpoint decides
+    turn_unfinished_end_s: float = 0.6  # ... after a word a sentence rarely ends on
     max_sdp_bytes: int = MAX_SDP_BYTES
     ui: bool = True  # mount the Gradio page at /
     warmup: bool = True  # load and run every model before /readyz says ready
@@ -350,8 +352,14 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     state = WarmState()
     sessions: dict[str, Session] = {}
     pending = 0
+    turn = None
+    if config.turn_end_s > 0:
+        from app.turns import TurnConfig
+
+        turn = TurnConfig(pause_s=min(0.1, config.turn_end_s), end_s=config.turn_end_s,
+                          unfinished_end_s=max(config.turn_unfinished_end_s, config.turn_end_s))
     session_config = SessionConfig(output_delay_s=config.output_delay_s, output_size=config.output_size,
-                                   media_timeout_s=config.media_timeout_s)
+                                   media_timeout_s=config.media_timeout_s, turn=turn)
 
     account = CpuAccount()
     capacity = CapacityEstimate(config.session_cost_cores, target_utilisation=config.target_utilisation,
@@ -435,6 +443,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     app = FastAPI(title="synchrony", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.config = config
     app.state.metrics = metrics
+    metrics.watch_lst(lambda: state.stages.lst.snapshot() if state.stages.lst is not None else None)
     app.state.sessions = sessions
     app.state.warm = state
     app.state.degradation = degradation

@@ -1,18 +1,25 @@
 """Prometheus metrics of the live server, on a registry of its own (one per app, so tests can make many).
 
 Observers beside the flow, not inside the stages: sessions call ``observe_stage`` / ``drop`` /
-``sync`` with what they already measured.
+``sync`` / ``observe_lst`` with what they already measured. The LST figures that need a whole
+stream (p99, worst jitter σ8, tier) are read from the ``LSTAggregate`` at scrape time
+(``watch_lst``), per session and pooled, so nothing has to be forgotten when a session ends.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from app.reliability import LoopLag
 
+_ITL_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 
 
@@ -62,10 +69,29 @@ class ServerMetrics:
                                registry=r)
         self.degradation = Gauge("synchrony_degradation_level", "steps of the overload degradation order in "
                                  "effect (0: none)", registry=r)
+        self.lst_ttft = Histogram("synchrony_lst_ttft_seconds",
+                                  "LST TTFT: responder request to first response token (pooled)",
+                                  buckets=_LATENCY_BUCKETS, registry=r)
+        self.lst_turn = Histogram("synchrony_lst_turn_latency_seconds",
+                                  "turn latency: end of the user's speech to first response token (pooled)",
+                                  buckets=_LATENCY_BUCKETS, registry=r)
+        self.lst_itl = Histogram("synchrony_lst_itl_seconds", "inter-token interval within a response (pooled)",
+                                 buckets=_ITL_BUCKETS, registry=r)
         self._checks = 0
         self._passed = 0
         self._stage_cpu_seen: dict[str, float] = {}
         self._word_latency: deque[tuple[float, float]] = deque(maxlen=4096)  # (wall, word end → token s)
+
+    def observe_lst(self, timing: Any) -> None:
+        """One emitted token's ``alignment.lst.TokenTiming``."""
+        for hist, value in ((self.lst_ttft, timing.ttft_s), (self.lst_turn, timing.turn_s),
+                            (self.lst_itl, timing.itl_s)):
+            if value is not None:
+                hist.observe(max(value, 0.0))
+
+    def watch_lst(self, snapshot: Callable[[], dict[str, Any] | None]) -> None:
+        """Export ``snapshot()`` (``LSTAggregate.snapshot``; None: no LST stage) as gauges at scrape time."""
+        self.registry.register(_LSTCollector(snapshot))
 
     def observe_stage(self, stage: str, latency_s: float, compute_s: float | None = None) -> None:
         self.stage_latency.labels(stage).observe(max(latency_s, 0.0))
@@ -100,3 +126,48 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+#: snapshot key (ms) → gauge name (s) and help; ``tier`` is exported as a rank (0 none … 3 gold).
+_LST_GAUGES = (
+    ("ttft_ms_p99", "synchrony_lst_ttft_p99_seconds", "LST TTFT p99 (request to first token)"),
+    ("ttft_ms_p50", "synchrony_lst_ttft_p50_seconds", "LST TTFT p50 (request to first token)"),
+    ("turn_ms_p50", "synchrony_lst_turn_latency_p50_seconds", "turn latency p50 (end of speech to first token)"),
+    ("turn_ms_p95", "synchrony_lst_turn_latency_p95_seconds", "turn latency p95 (end of speech to first token)"),
+    ("itl_ms_max", "synchrony_lst_itl_max_seconds", "longest inter-token interval"),
+    ("jitter_ms", "synchrony_lst_jitter_seconds", "worst inter-token jitter sigma over 8 intervals"),
+)
+
+
+class _LSTCollector(Collector):
+    """LST gauges from the aggregate's snapshot: pooled (no label) and per live session (``session``)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any] | None]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from alignment.lst import tier_rank
+
+        snap = self._snapshot()
+        if snap is None:
+            return
+        sessions = snap.get("per_session", {})
+        for key, name, doc in _LST_GAUGES:
+            pooled = GaugeMetricFamily(name, doc + ", pooled over sessions")
+            if snap.get(key) is not None:
+                pooled.add_metric([], snap[key] / 1000.0)
+            yield pooled
+            per = GaugeMetricFamily(name.replace("synchrony_lst_", "synchrony_lst_session_"), doc + ", per session",
+                                    labels=["session"])
+            for sid, s in sessions.items():
+                if s.get(key) is not None:
+                    per.add_metric([sid], s[key] / 1000.0)
+            yield per
+        tier = GaugeMetricFamily("synchrony_lst_tier", "LST tier reached: 0 none, 1 bronze, 2 silver, 3 gold")
+        tier.add_metric([], tier_rank(snap["tier"]))
+        yield tier
+        per_tier = GaugeMetricFamily("synchrony_lst_session_tier", "LST tier per session (0 none … 3 gold)",
+                                     labels=["session"])
+        for sid, s in sessions.items():
+            per_tier.add_metric([sid], tier_rank(s["tier"]))
+        yield per_tier

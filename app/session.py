@@ -43,11 +43,15 @@ from alignment.types import SAMPLE_RATE, AudioChunk, AUSample, LoadEstimate, Vid
 from app.cpu_account import name_native_thread
 from app.reliability import lower_thread_priority
 from app.server_metrics import ServerMetrics
+from app.turns import TurnConfig, TurnDetector, looks_unfinished
 
 log = logging.getLogger("synchrony.session")
 
 WIRE_VERSION = 1
 _VIDEO_CLOCK = 90_000
+#: A turn's words "reach" its end of speech when the last one ends this close to it (ASR word ends
+#: fall a little before the VAD's end of speech; a word still missing leaves a larger gap).
+HEARD_SLACK_S = 0.35
 _CHANNEL_MAX_BUFFERED = 1 << 20  # bytes queued on the events channel before messages are dropped
 #: Largest camera frame a session keeps (1080p). The session holds ~2 s of decoded frames for
 #: rendering, so a peer sending absurd sizes would otherwise grow the whole server's memory.
@@ -70,6 +74,8 @@ class SessionConfig:
     media_timeout_s: float = 10.0
     au_max_fps: float = 16.0  # face analysis rate (camera pts): the controller resamples, 16/s match the output
     au_nice: int = 5  # face analysis yields the CPU to ASR and the event loop (CFS weight ≈ 1/3)
+    # End-of-turn decisions beside the ASR (app/turns.py); None: answer at the ASR's endpoint only.
+    turn: TurnConfig | None = field(default_factory=TurnConfig)
 
 
 @dataclass
@@ -153,6 +159,13 @@ class Session:
         self._lst: Any = None
         self._responder: Any = None
         self._response_task: asyncio.Task | None = None
+        # turns (app/turns.py): words heard since the last answered turn, a prefetched response
+        self._turns = TurnDetector(config.turn) if config.turn is not None else None
+        self._turn_words: dict[tuple[int, int], tuple[float, float, str]] = {}  # key → (start, end, text)
+        self._answered_until = -math.inf  # speech end (pts) of the last turn answered
+        self._unanswered_end: float | None = None  # a turn ended before its words came: answer when they do
+        self._prefetch: tuple[asyncio.Task, asyncio.Event, float, str] | None = None  # task, gate, pts, text
+        self._pause_pts: float | None = None  # speech end of the pause now running (turn not over yet)
         self._controller: Any = None
         self._pacer: Any = None
         self._flash_pending: deque[tuple[float, float]] = deque(maxlen=256)  # (pts, flash) awaiting AUs
@@ -413,6 +426,8 @@ class Session:
                         self.fail_stage("asr", exc)
                     if self._offset_estimator is not None:
                         self._feed_offset("audio", chunk)
+                if out.size and self._turns is not None and self._responder is not None:
+                    self._on_turn_audio(AudioChunk(pts, out.astype(np.float32, copy=False)))
         except MediaStreamError:
             await self.close("audio track ended")
 
@@ -440,6 +455,13 @@ class Session:
                 if words and prev.token in words:
                     words.remove(prev.token)
         self._tokens[key] = shown
+        if self._turns is not None and tok.start >= self._answered_until - 0.05:
+            self._turn_words[key] = (tok.start, tok.end, tok.text)
+            if self._unanswered_end is not None and self._heard_until(self._unanswered_end):
+                self._end_turn(self._unanswered_end)
+            elif self._pause_pts is not None and (self._prefetch is None
+                                                  or self._prefetch[3] != self._turn_text(self._pause_pts)):
+                self._prefetch_response(self._pause_pts)  # the words reached the pause, or changed: (re)send
         for k in frames:
             self._frame_words.setdefault(k, []).append(tok)
         now = time.monotonic()
@@ -491,29 +513,129 @@ class Session:
     # --- responses -----------------------------------------------------------------------------
 
     def _on_utterance_end(self, ev: Any) -> None:
+        """The ASR's endpoint: answers unless the turn detector did (or is still deciding)."""
         if self._responder is None or "response" in self.degraded:
             return
-        if self._response_task is not None and not self._response_task.done():
-            self._response_task.cancel()  # a new utterance interrupts the previous answer
-        self._response_task = self._spawn(self._respond(ev), "response")
+        pts, text = float(getattr(ev, "pts", 0.0)), str(getattr(ev, "text", ""))
+        if self._turns is not None:
+            # Only for a turn that ended before its words were heard (an utterance inside it, or it).
+            pending = self._unanswered_end
+            if pending is None or not self._answered_until < pts <= pending + 0.5 or not text.strip():
+                return
+            if pts >= pending - 0.05:
+                self._unanswered_end = None
+            self._answered_until = pts
+            self._turn_words = {k: w for k, w in self._turn_words.items() if w[0] >= pts}  # the next turn's
+        self._start_response(text, pts, getattr(ev, "utterance", 0), None)
 
-    async def _respond(self, ev: Any) -> None:
-        """Answer one utterance: responder tokens paced at the current load's policy, LST-metered."""
+    def _on_turn_audio(self, chunk: AudioChunk) -> None:
+        if "response" in self.degraded:
+            return
+        for ev in self._turns.feed(chunk, self._turn_text()):  # type: ignore[union-attr]
+            if ev.kind == "pause":
+                self._pause_pts = ev.pts
+                self._prefetch_response(ev.pts)
+            elif ev.kind == "resume":
+                self._pause_pts = None
+                self._drop_prefetch()
+            else:
+                self._pause_pts = None
+                self._end_turn(ev.pts)
+
+    def _turn_text(self, until: float = math.inf) -> str:
+        """The turn's words (interims included) that start before ``until``."""
+        return " ".join(text for start, _, text in sorted(self._turn_words.values()) if start < until)
+
+    def _turn_utterance(self) -> int:
+        return max((u for u, _ in self._turn_words), default=0)
+
+    def _heard_until(self, pts: float) -> bool:
+        """The words spoken before ``pts`` reach it (the ASR has caught up with this end of speech)."""
+        ends = [end for start, end, _ in self._turn_words.values() if start < pts]
+        return bool(ends) and max(ends) >= pts - HEARD_SLACK_S
+
+    def _prefetch_response(self, pts: float) -> None:
+        """Speech paused after words that can end a sentence: send the request now, hold its tokens
+        (responders with a network TTFT only: the hold counts in the LST TTFT, docs/LST.md)."""
+        text = self._turn_text(pts)
+        self._drop_prefetch()
+        if (not getattr(self._responder, "prefetch", False) or not text or looks_unfinished(text)
+                or not self._heard_until(pts)):
+            return
+        gate = asyncio.Event()
+        task = self._spawn(self._respond(text, pts, self._turn_utterance(), gate), "response-prefetch")
+        self._prefetch = (task, gate, pts, text)
+
+    def _drop_prefetch(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch[0].cancel()
+            self._prefetch = None
+
+    def _end_turn(self, pts: float) -> None:
+        """The turn is over: release the prefetched answer or start one, once its words are heard
+        (until then the first token that reaches the end, or the ASR's endpoint, answers)."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None and abs(prefetch[2] - pts) < 1e-6 and not prefetch[0].done():
+            self._interrupt_answer()
+            self._response_task = prefetch[0]
+            prefetch[1].set()
+        else:
+            if prefetch is not None:
+                prefetch[0].cancel()
+            if not self._heard_until(pts):
+                self._unanswered_end = pts
+                return
+            self._start_response(self._turn_text(pts), pts, self._turn_utterance(), None)
+        self._unanswered_end = None
+        self._answered_until = pts
+        self._turn_words = {k: w for k, w in self._turn_words.items() if w[0] >= pts}  # the next turn's
+
+    def _interrupt_answer(self) -> None:
+        if self._response_task is not None and not self._response_task.done():
+            self._response_task.cancel()  # a new turn interrupts the previous answer
+
+    def _start_response(self, text: str, pts: float, utterance: int, gate: asyncio.Event | None) -> None:
+        self._interrupt_answer()
+        self._response_task = self._spawn(self._respond(text, pts, utterance, gate), "response")
+
+    async def _respond(self, text: str, speech_end_pts: float, utterance: int, gate: asyncio.Event | None) -> None:
+        """Answer one turn: responder tokens paced at the current load's policy, LST-metered.
+
+        With a ``gate`` (a prefetch) the request goes out now and its first token waits for the gate,
+        before pacing, so the pace starts when the tokens may be shown. Each ``response`` event
+        carries what its token measured (``ttft_ms`` and ``turn_ms`` on the first, ``itl_ms`` on the
+        rest), so a client can keep the raw samples (``synchrony certify``).
+        """
         policy = self._load[-1].policy if self._load else _default_policy()
-        end_wall = self.clock.wall_of(float(getattr(ev, "pts", 0.0))) or time.monotonic()
-        utterance = getattr(ev, "utterance", 0)
+        speech_end = self.clock.wall_of(speech_end_pts)
+        pacer = self.stages.make_pacer(policy) if self.stages.make_pacer else None
+        request = time.monotonic()  # the responder's request goes out with the first pull below
+        since = speech_end if speech_end is not None else request
+
+        async def released() -> Any:
+            async for raw in self._responder.tokens(text, policy):
+                if gate is not None and not gate.is_set():
+                    await gate.wait()
+                self._pacer = pacer  # the answer now being shown follows load changes
+                yield raw
+
         try:
-            self._pacer = self.stages.make_pacer(policy) if self.stages.make_pacer else None
-            if self._lst is not None:
-                self._lst.utterance_end(end_wall)
-            async for tok in self._responder.respond(str(getattr(ev, "text", "")), policy, self._pacer):
+            first = True
+            async for tok in (pacer or _default_pacer(policy)).pace(released()):
                 emitted = float(getattr(tok, "emitted", time.monotonic()))
+                event = {"type": "response", "utterance": utterance, "index": getattr(tok, "index", 0),
+                         "text": str(getattr(tok, "text", tok)),
+                         "ms_after_utterance": round((emitted - since) * 1000, 1)}
                 if self._lst is not None:
-                    self._lst.token(emitted)
-                self.emit({"type": "response", "utterance": utterance, "index": getattr(tok, "index", 0),
-                           "text": str(getattr(tok, "text", tok)),
-                           "ms_after_utterance": round((emitted - end_wall) * 1000, 1)})
-            if self._lst is not None:
+                    if first:  # only now: an answer still streaming before this one keeps its own ITLs
+                        self._lst.begin_response(request, speech_end)
+                    timing = self._lst.token(emitted)
+                    self.metrics.observe_lst(timing)
+                    event.update({k: round(v * 1000, 3) for k, v in (("ttft_ms", timing.ttft_s),
+                                  ("turn_ms", timing.turn_s), ("itl_ms", timing.itl_s)) if v is not None})
+                first = False
+                self.emit(event)
+            if self._lst is not None and not first:
                 self._lst.response_end()
                 self.emit({"type": "lst", **_lst_dict(self._lst.snapshot())})
         except asyncio.CancelledError:
@@ -521,7 +643,8 @@ class Session:
         except Exception as exc:  # noqa: BLE001
             self.fail_stage("response", exc)
         finally:
-            self._pacer = None
+            if self._pacer is pacer:
+                self._pacer = None
 
     # --- rendering (called by OutputTrack) ----------------------------------------------------
 
@@ -847,6 +970,12 @@ def _flash_of(frame: av.VideoFrame) -> float:
         luma = np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)[:, : plane.width]
         return float(flash_score(luma))
     return float(flash_score(frame.to_ndarray(format="gray")))
+
+
+def _default_pacer(policy: Any) -> Any:
+    from alignment.pacing import TokenPacer
+
+    return TokenPacer(policy)
 
 
 def _default_policy() -> Any:

@@ -33,6 +33,9 @@ class Responder(ABC):
     """Turns the user's utterance into a stream of text tokens under a token-rate policy."""
 
     name: str = "responder"
+    #: Worth requesting before the user's turn is surely over (app/turns.py): a responder with a
+    #: network TTFT overlaps it with the rest of the silence; an instant one gains nothing.
+    prefetch: bool = False
 
     @abstractmethod
     def tokens(self, utterance: str, policy: TokenRatePolicy) -> AsyncIterator[str]:
@@ -63,6 +66,7 @@ class OpenAIResponder(Responder):
     """Streams a chat completion from an OpenAI-compatible server (SSE over ``httpx``)."""
 
     name = "openai"
+    prefetch = True
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ def test_help_lists_every_subcommand(capsys):
         main(["--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    for cmd in ("analyze", "serve", "loadtest", "train-controller"):
+    for cmd in ("analyze", "serve", "loadtest", "probe", "certify", "verify", "train-controller"):
         assert cmd in out
 
 

@@ -168,6 +168,29 @@ def test_live_run_two_peers_flags_the_injected_offset(tmp_path):
     assert report["result"]["detection"] == {"offset_ms": 150.0, "flagged": 1, "of": 1, "clean_flagged": 0}
     assert code == loadtest.EXIT_OK
     assert any(s[1] is not None and not math.isnan(s[1]) for s in rnd["cpu"])  # server CPU was sampled
+    # The server-measured LST samples came back on the response events and were judged for the round.
+    lst = rnd["aggregate"]["lst"]
+    assert lst["responses"] == sum(len(p["lst_ttft_ms"]) for p in (clean, late)) > 0
+    assert lst["ttft_ms_p99"] is not None and lst["tier"] in ("gold", "silver", "bronze", "none")
+
+
+def test_require_lst_is_a_round_bound():
+    """--require-lst: the round's LST tier from the peers' server-measured samples; a stall breaks Gold."""
+    even = [83.3] * 20
+    peers = [{"index": 0, "offset_ms": 0.0, "connected": True, "words": [[0.0, 0.3, 0.5, 0.9, "w"]],
+              "level3": {"checks": 5, "ok": 5, "flagged": False},
+              "lst_ttft_ms": [30.0, 41.0], "lst_itl_ms": even},
+             {"index": 1, "offset_ms": 0.0, "connected": True, "words": [[0.0, 0.3, 0.5, 0.9, "w"]],
+              "level3": {"checks": 5, "ok": 5, "flagged": False},
+              "lst_ttft_ms": [35.0], "lst_itl_ms": even[:10] + [140.0] + even[10:]}]
+    agg = loadtest.aggregate(peers, require_lst="silver")
+    assert agg["lst"]["responses"] == 3 and agg["lst"]["itl_ms_max"] == 140.0
+    assert agg["lst"]["tier"] == "none"  # one 57 ms stall: worst σ8 = 56.7·√7/8 = 18.7 ms
+    assert agg["bounds"]["checks"]["LST tier >= silver"] is False and not agg["bounds"]["ok"]
+    peers[1]["lst_itl_ms"] = even
+    agg = loadtest.aggregate(peers, require_lst="silver")
+    assert agg["lst"]["tier"] == "gold" and agg["bounds"]["ok"]
+    assert "LST tier >= silver" not in loadtest.aggregate(peers)["bounds"]["checks"]  # off unless asked
 
 
 def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):

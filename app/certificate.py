@@ -1,0 +1,176 @@
+"""LST certification reports anyone can check: raw samples as Merkle leaves, an Ed25519-signed root.
+
+A report (``synchrony certify``) keeps every raw sample the server measured. Each sample is a leaf:
+``sha256(0x00 ‖ canonical JSON)``; inner nodes are ``sha256(0x01 ‖ left ‖ right)`` over the RFC 6962
+split (the left subtree holds the largest power of two below n), so one leaf cannot pose as a node.
+The operator's Ed25519 key signs the canonical JSON of ``format`` + ``header`` + ``merkle_root`` +
+``verdict``. ``verify`` recomputes every leaf, the root and the verdict from the samples, and checks
+the signature with the public key the verifier trusts, so changing any one sample, the verdict, the
+header or the signature fails with a message that says which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from alignment.lst import judge_samples, percentile
+
+FORMAT = "synchrony-lst-certificate/1"
+
+
+def canonical(obj: Any) -> bytes:
+    """The one byte string a JSON value signs as: sorted keys, no spaces, ASCII."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def leaf_hash(sample: dict[str, Any]) -> bytes:
+    return hashlib.sha256(b"\x00" + canonical(sample)).digest()
+
+
+def merkle_root(leaves: list[bytes]) -> bytes:
+    """RFC 6962 Merkle tree hash of leaf hashes (the empty tree: sha256 of nothing)."""
+    if not leaves:
+        return hashlib.sha256(b"").digest()
+    if len(leaves) == 1:
+        return leaves[0]
+    k = 1 << ((len(leaves) - 1).bit_length() - 1)  # largest power of two < n
+    return hashlib.sha256(b"\x01" + merkle_root(leaves[:k]) + merkle_root(leaves[k:])).digest()
+
+
+def verdict_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The verdict the samples support: LST figures and tier overall and per run (responder /
+    scenario), turn latency. ITL streams are one session's ITLs in sample order (as its meter saw them).
+    """
+
+    def judge(group: list[dict[str, Any]]) -> dict[str, Any]:
+        streams: dict[str, list[float]] = {}
+        for s in group:
+            if s["kind"] == "itl":
+                streams.setdefault(f"{_run(s)}/{s['session']}", []).append(s["ms"])
+        out = judge_samples([s["ms"] for s in group if s["kind"] == "ttft"], list(streams.values()))
+        turns = [s["turn_ms"] for s in group if s["kind"] == "ttft" and s.get("turn_ms") is not None]
+        for q in (50, 95):
+            v = percentile(turns, q)
+            out[f"turn_ms_p{q}"] = None if v is None else round(v, 3)
+        return out
+
+    verdict = judge(samples)
+    runs = sorted({_run(s) for s in samples})
+    verdict["by_scenario"] = {name: judge([s for s in samples if _run(s) == name]) for name in runs}
+    return verdict
+
+
+def _run(sample: dict[str, Any]) -> str:
+    """The run a sample belongs to: responder and network scenario."""
+    return f"{sample['responder']} / {sample['scenario']}"
+
+
+def _signed_part(report: dict[str, Any]) -> bytes:
+    return canonical({k: report[k] for k in ("format", "header", "merkle_root", "verdict")})
+
+
+def build_report(header: dict[str, Any], samples: list[dict[str, Any]], key: Ed25519PrivateKey) -> dict[str, Any]:
+    """The signed report: samples, their leaf hashes, the root, the verdict, the signature."""
+    leaves = [leaf_hash(s) for s in samples]
+    report = {"format": FORMAT, "header": header, "samples": samples, "leaf_hashes": [h.hex() for h in leaves],
+              "merkle_root": merkle_root(leaves).hex(), "verdict": verdict_of(samples)}
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    report["signature"] = {"algorithm": "ed25519", "public_key": public.hex(),
+                           "value": key.sign(_signed_part(report)).hex()}
+    return report
+
+
+@dataclass(frozen=True)
+class Verification:
+    ok: bool
+    problems: tuple[str, ...]
+
+
+def verify_report(report: dict[str, Any], public_key: Ed25519PublicKey) -> Verification:
+    """Every check, in order; ``problems`` says what failed in words."""
+    problems: list[str] = []
+    if report.get("format") != FORMAT:
+        return Verification(False, (f"not a {FORMAT} report (format {report.get('format')!r})",))
+    samples, stored = report.get("samples", []), report.get("leaf_hashes", [])
+    if len(samples) != len(stored):
+        problems.append(f"{len(samples)} samples but {len(stored)} leaf hashes: a sample was added or removed")
+    leaves = []
+    for i, sample in enumerate(samples):
+        h = leaf_hash(sample)
+        leaves.append(h)
+        if i < len(stored) and h.hex() != stored[i]:
+            problems.append(f"sample {i} ({sample.get('scenario')}, {sample.get('kind')} {sample.get('ms')} ms) "
+                            "does not match its leaf hash: the sample was changed")
+    root = merkle_root(leaves).hex()
+    if root != report.get("merkle_root"):
+        stated_root = str(report.get("merkle_root"))[:16]
+        problems.append(f"the samples' Merkle root {root[:16]}… is not the report's {stated_root}…")
+    expected = verdict_of(samples)
+    if canonical(expected) != canonical(report.get("verdict")):
+        stated = (report.get("verdict") or {}).get("tier")
+        problems.append(f"the verdict does not follow from the samples (they give tier {expected['tier']}, "
+                        f"TTFT99 {expected['ttft_ms_p99']} ms, jitter {expected['jitter_ms']} ms; "
+                        f"the report says tier {stated})")
+    sig = report.get("signature") or {}
+    try:
+        public_key.verify(bytes.fromhex(str(sig.get("value", ""))), _signed_part(report))
+    except (InvalidSignature, ValueError):
+        own = public_bytes_hex(public_key)
+        who = "" if sig.get("public_key") == own else " (the report names another signing key)"
+        problems.append("the signature does not verify with the given public key: the header, root or verdict "
+                        f"changed after signing, or another key signed it{who}")
+    except KeyError as exc:
+        problems.append(f"signature missing: {exc}")
+    return Verification(not problems, tuple(problems))
+
+
+def public_bytes_hex(public_key: Ed25519PublicKey) -> str:
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def load_or_create_key(path: Path) -> tuple[Ed25519PrivateKey, bool]:
+    """The operator's signing key (PEM, unencrypted); made (mode 0600, ``PATH.pub`` beside it) if absent."""
+    if path.exists():
+        try:
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path} is not an unencrypted PEM private key: {exc}") from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
+        return key, False
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pem)
+    write_public_key(key, public_key_path(path))
+    return key, True
+
+
+def public_key_path(key_path: Path) -> Path:
+    return key_path.with_name(key_path.name + ".pub")
+
+
+def write_public_key(key: Ed25519PrivateKey, path: Path) -> None:
+    path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read a PEM public key from {path}: {exc}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"{path} holds a {type(key).__name__}, not an Ed25519 public key")
+    return key

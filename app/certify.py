@@ -1,0 +1,370 @@
+"""``synchrony certify`` and ``synchrony verify``: an LST certification run and its signed report.
+
+certify streams a standard workload to a server over real WebRTC (one ``app.peer.WhipPeer`` per
+scenario, in this process), keeps every LST sample the server measured (the ``ttft_ms`` /
+``turn_ms`` / ``itl_ms`` its ``response`` events carry), and writes ``certificate.json`` (samples as
+Merkle leaves, root + verdict signed with the operator's Ed25519 key; ``app.certificate``) and
+``certificate.html`` (plots). The workload:
+
+* turns spoken by a talking face (generated speech with known word times): a plain turn, a turn
+  cut short mid-sentence, a turn inserted while the previous answer streams, a long turn;
+* every ``--netem`` scenario of the load test (``app.netem``: loss, delay, link jitter, ...);
+* every ``--responder`` (with ``--spawn-server``: one server per responder; ``openai`` talks to a
+  local stand-in, ``app.llm_standin``, whose own TTFT is ``--standin-ttft-ms``). Each responder's
+  tokens are paced by the policy the server's load controller picks.
+
+verify recomputes the leaves, the root and the verdict and checks the signature; exit 0 valid, 1
+not (with the reasons), 2 unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from alignment.lst import TIER_NAMES, tier_rank
+from alignment.types import SAMPLE_RATE
+from app import certificate
+
+EXIT_OK, EXIT_BELOW, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One user turn of the workload: ``cut`` keeps only this fraction of the speech (cut short)."""
+
+    name: str
+    text: str
+    pause_s: float  # silence after it
+    cut: float | None = None
+
+
+STANDARD_TURNS = (
+    Turn("plain", "please call me back when you have a moment", 2.5),
+    Turn("cut short", "could you tell me where the nearest train station is from here", 2.5, cut=0.5),
+    Turn("answered", "what is the weather going to be like tomorrow morning", 0.9),
+    Turn("inserted while answering", "and should I take an umbrella", 2.5),
+    Turn("long", "I would like to book a table for four people on friday evening somewhere near the river "
+                 "and if there is nothing left after seven then saturday would also be fine", 3.0),
+)
+QUICK_TURNS = STANDARD_TURNS[:2]
+WORKLOADS = {"standard": STANDARD_TURNS, "quick": QUICK_TURNS}
+
+
+@dataclass(frozen=True)
+class Workload:
+    clip: Any  # app.testmedia.AVClip
+    turns: tuple[Turn, ...]
+    speech_ends: tuple[float, ...]  # clip time at which each turn's speech ends
+
+
+def workload_clip(turns: tuple[Turn, ...], fps: float = 25.0, size: tuple[int, int] = (640, 360)) -> Workload:
+    """The turns spoken one after another over a talking face (mouth following the speech)."""
+    from app import testmedia
+
+    parts, ends, words = [np.zeros(int(0.6 * SAMPLE_RATE), np.float32)], [], []
+    t = 0.6
+    for turn in turns:
+        speech = testmedia.synthesize_speech(turn.text)
+        audio = speech.samples
+        voiced = np.flatnonzero(np.abs(audio) > 1e-3)
+        length = int(voiced[-1]) + 1 if voiced.size else len(audio)
+        if turn.cut is not None:
+            length = int(length * turn.cut)
+            fade = min(int(0.01 * SAMPLE_RATE), length)
+            audio = audio[:length].copy()
+            audio[length - fade:] *= np.linspace(1.0, 0.0, fade, dtype=np.float32)
+        audio = audio[:length]
+        words += [testmedia.TimedWord(w.text, w.start + t) for w in speech.words if w.start * SAMPLE_RATE < length]
+        ends.append(t + length / SAMPLE_RATE)
+        parts += [audio, np.zeros(int(turn.pause_s * SAMPLE_RATE), np.float32)]
+        t += (length + int(turn.pause_s * SAMPLE_RATE)) / SAMPLE_RATE
+    audio = np.concatenate(parts).astype(np.float32)
+    n_frames = int(len(audio) / SAMPLE_RATE * fps)
+    env = testmedia.speech_envelope(audio, np.arange(n_frames) / fps)
+    frames = testmedia.talking_face_frames(env, size)
+    clip = testmedia.AVClip(audio, frames, fps, tuple(words), " / ".join(tt.text for tt in turns), (), 0.0)
+    return Workload(clip, turns, tuple(ends))
+
+
+def turn_at(workload: Workload, clip_t: float) -> str:
+    """The turn whose speech ended last before clip time ``clip_t`` (the clip loops)."""
+    t = clip_t % workload.clip.duration
+    before = [i for i, end in enumerate(workload.speech_ends) if end <= t]
+    return workload.turns[before[-1] if before else -1].name
+
+
+def samples_from_events(events: list[Any], t0: float, workload: Workload, scenario: str, responder: str,
+                        session: str) -> list[dict[str, Any]]:
+    """One sample per server-measured figure on the ``response`` events, in arrival order."""
+    out = []
+    for ev in events:
+        m = ev.message
+        if m.get("type") != "response":
+            continue
+        base = {"scenario": scenario, "responder": responder, "session": session,
+                "utterance": m.get("utterance"), "index": m.get("index"),
+                "client_s": round(ev.wall - t0, 4)}
+        if isinstance(m.get("ttft_ms"), (int, float)):
+            turn = turn_at(workload, ev.wall - t0 - float(m.get("ms_after_utterance") or 0) / 1000.0)
+            out.append({**base, "kind": "ttft", "ms": m["ttft_ms"], "turn_ms": m.get("turn_ms"), "turn": turn})
+        elif isinstance(m.get("itl_ms"), (int, float)):
+            out.append({**base, "kind": "itl", "ms": m["itl_ms"]})
+    return out
+
+
+async def run_scenario(url: str, workload: Workload, netem: str, loops: int, seed: int,
+                       token: str | None = None) -> tuple[list[Any], float | None, str | None, dict[str, Any]]:
+    """One peer streams the workload ``loops`` times under ``netem``; returns its events, t0, session, info."""
+    from app.netem import NetemLink, parse_profile
+    from app.peer import WhipPeer
+
+    peer = WhipPeer(url, workload.clip, token=token, loop=True)
+    profile = parse_profile(netem)
+    link = None
+    if not profile.is_clean:
+        link = NetemLink(profile, seed=seed)
+        peer.pc.on("icegatheringstatechange", lambda: link.attach_pc(peer.pc))
+    info: dict[str, Any] = {"netem": netem, "error": None}
+    try:
+        await asyncio.wait_for(peer.connect(timeout=20.0), 25.0)
+        run_s = loops * workload.clip.duration
+        end = time.monotonic() + run_s
+        while time.monotonic() < end and peer.pc.connectionState not in ("failed", "closed"):
+            await asyncio.sleep(0.25)
+        if peer.pc.connectionState in ("failed", "closed"):
+            info["error"] = f"connection {peer.pc.connectionState} during the run"
+    except Exception as exc:  # noqa: BLE001 - the report says what went wrong; other scenarios go on
+        info["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(peer.close(), 10)
+    if link is not None:
+        info["netem_stats"] = link.stats()
+    info["events"] = len(peer.events)
+    return peer.events, peer.t0_wall, peer.session_id, info
+
+
+async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every responder × scenario; returns the header and the samples (raises ValueError on no server)."""
+    from app.llm_standin import StandInLLM
+    from app.loadtest import SpawnedServer
+
+    workload = await asyncio.to_thread(workload_clip, WORKLOADS[args.workload])
+    samples: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    standin = None
+    responders = args.responder if args.spawn_server else ["server"]  # --url: whatever it runs
+    try:
+        for responder in responders:
+            server = None
+            url = args.url
+            if args.spawn_server:
+                extra = ["--responder", responder]
+                if responder == "openai":
+                    standin = standin or await StandInLLM(ttft_s=args.standin_ttft_ms / 1000.0).start()
+                    extra += ["--llm-url", standin.base_url]
+                server = SpawnedServer(2, out_dir / f"server-{responder}.log", extra)
+                print(f"starting a server with the {responder} responder (log: {server.log_path}) ...", flush=True)
+                try:
+                    await asyncio.to_thread(server.wait_ready)
+                except (RuntimeError, TimeoutError) as exc:
+                    server.stop()
+                    raise ValueError(str(exc)) from None
+                url = server.url
+            try:
+                for k, netem in enumerate(args.netem):
+                    print(f"  {responder} / {netem}: {args.loops} × {workload.clip.duration:.1f} s ...", flush=True)
+                    events, t0, session, info = await run_scenario(url, workload, netem, args.loops, args.seed + k,
+                                                                   args.token)
+                    got = [] if t0 is None else samples_from_events(events, t0, workload, netem, responder,
+                                                                    session or "?")
+                    samples += got
+                    runs.append({"responder": responder, **info, "samples": len(got),
+                                 "load_avg": [round(x, 2) for x in os.getloadavg()]})
+                    print(f"    {len(got)} samples{'; ' + info['error'] if info['error'] else ''}", flush=True)
+            finally:
+                if server is not None:
+                    await asyncio.to_thread(server.stop)
+    finally:
+        if standin is not None:
+            await standin.stop()
+    header = {
+        "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": "synchrony certify " + " ".join(args.argv),
+        "server": args.url if not args.spawn_server else "spawned on 127.0.0.1 (synchrony serve)",
+        "workload": {"name": args.workload, "loops": args.loops, "clip_s": round(workload.clip.duration, 3),
+                     "turns": [{"name": t.name, "text": t.text, "pause_s": t.pause_s, "cut": t.cut}
+                               for t in workload.turns],
+                     "responders": responders, "netem": args.netem,
+                     "standin_ttft_ms": args.standin_ttft_ms if "openai" in responders else None},
+        "runs": runs,
+        "machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()]},
+        "lst_definitions": "alignment/lst.py (docs/LST.md), version 2",
+    }
+    return header, samples
+
+
+# --- HTML ---------------------------------------------------------------------------------------
+
+def render_html(report: dict[str, Any]) -> str:
+    """A self-contained page: the verdict, per-scenario figures, plots of every raw sample."""
+    from html import escape
+
+    v = report["verdict"]
+    rows = "".join(
+        f"<tr><td>{escape(name)}</td><td>{s['ttft_ms_p99']}</td><td>{s['jitter_ms']}</td><td>{s['itl_ms_max']}</td>"
+        f"<td>{s['turn_ms_p50']}</td><td>{s['turn_ms_p95']}</td><td>{s['responses']}</td><td>{s['tier']}</td></tr>"
+        for name, s in v["by_scenario"].items())
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>LST certificate</title>
+<style>body{{font-family:sans-serif;max-width:960px;margin:2em auto}}td,th{{padding:2px 8px;text-align:right}}
+code{{word-break:break-all}}</style></head><body>
+<h1>LST certificate: tier {escape(v['tier'])}</h1>
+<p>LST TTFT p99 {v['ttft_ms_p99']} ms (request → first token), worst jitter σ8 {v['jitter_ms']} ms, ITLmax
+{v['itl_ms_max']} ms, over {v['responses']} responses and {v['intervals']} intervals. Turn latency (end of
+speech → first token) p50 {v['turn_ms_p50']} ms, p95 {v['turn_ms_p95']} ms.</p>
+<p>{len(report['samples'])} samples; Merkle root <code>{report['merkle_root']}</code>, signed (Ed25519) by
+<code>{report['signature']['public_key']}</code>. Check it:
+<code>synchrony verify certificate.json --pubkey KEY.pub</code>.</p>
+<p>{escape(report['header']['command'])} — {escape(report['header']['created_utc'])}</p>
+<table><tr><th>scenario</th><th>TTFT99 ms</th><th>jitter ms</th><th>ITLmax ms</th><th>turn p50</th><th>turn p95</th>
+<th>responses</th><th>tier</th></tr>{rows}</table>
+<h2>LST TTFT and turn latency per response</h2>{_ttft_svg(report['samples'])}
+<h2>Inter-token intervals</h2>{_itl_svg(report['samples'])}
+</body></html>"""
+
+
+def _ttft_svg(samples: list[dict[str, Any]]) -> str:
+    from app.loadreport import _figure, _svg
+
+    fig, ax = _figure()
+    first = [s for s in samples if s["kind"] == "ttft"]
+    for scenario in sorted({s["scenario"] for s in first}):
+        mine = [s for s in first if s["scenario"] == scenario]
+        ax.plot([s["client_s"] for s in mine], [s["ms"] for s in mine], "o", ms=4, label=f"LST TTFT {scenario}")
+        turns = [s for s in mine if s.get("turn_ms") is not None]
+        ax.plot([s["client_s"] for s in turns], [s["turn_ms"] for s in turns], "x", ms=4, label=f"turn {scenario}")
+    for limit in (65, 120, 200):
+        ax.axhline(limit, lw=0.5, ls="--", color="grey")
+    ax.set_xlabel("client time (s)")
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    return _svg(fig)
+
+
+def _itl_svg(samples: list[dict[str, Any]]) -> str:
+    from app.loadreport import _figure, _svg
+
+    fig, ax = _figure()
+    itl = [s for s in samples if s["kind"] == "itl"]
+    for scenario in sorted({s["scenario"] for s in itl}):
+        mine = [s for s in itl if s["scenario"] == scenario]
+        ax.plot([s["client_s"] for s in mine], [s["ms"] for s in mine], ".", ms=3, label=scenario)
+    ax.set_xlabel("client time (s)")
+    ax.set_ylabel("ITL (ms)")
+    ax.legend(fontsize=7)
+    return _svg(fig)
+
+
+# --- command line -------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="synchrony certify", description=__doc__.splitlines()[0])
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="WHIP endpoint of a running server (loopback only)")
+    target.add_argument("--spawn-server", action="store_true", help="start `synchrony serve` per --responder")
+    p.add_argument("--responder", action="append", choices=("caption", "openai"),
+                   help="--spawn-server: responders to certify, one server each (default: caption)")
+    p.add_argument("--standin-ttft-ms", type=float, default=100.0, help="the openai stand-in's own TTFT")
+    p.add_argument("--netem", action="append", help="network scenario (repeat; default: clean)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="standard")
+    p.add_argument("--loops", type=int, default=2, help="times the workload clip is streamed per scenario (1..20)")
+    p.add_argument("--key", required=True, help="Ed25519 signing key (PEM); created with KEY.pub beside it if absent")
+    p.add_argument("--out", default="certify-out", help="directory for certificate.json and certificate.html")
+    p.add_argument("--require", choices=TIER_NAMES[1:], default=None, help="exit 1 if the verdict is below this tier")
+    p.add_argument("--token", default=os.environ.get("SYNCHRONY_TOKEN"), help="bearer token for /whip")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from app.loadtest import check_loopback_url
+    from app.netem import parse_profile
+
+    args = build_parser().parse_args(argv)
+    args.argv = list(argv)
+    args.netem = args.netem or ["clean"]
+    args.responder = args.responder or ["caption"]
+    try:
+        if not 1 <= args.loops <= 20:
+            raise ValueError("--loops must be 1..20")
+        for spec in args.netem:
+            parse_profile(spec)
+        if args.url:
+            check_loopback_url(args.url)
+        out_dir = Path(args.out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        key, made = certificate.load_or_create_key(Path(args.key))
+    except (ValueError, OSError) as exc:
+        print(f"synchrony certify: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if made:
+        pub = certificate.public_key_path(Path(args.key))
+        print(f"new signing key {args.key} (keep it private); public key: {pub}")
+    try:
+        header, samples = asyncio.run(certify_run(args, out_dir))
+    except ValueError as exc:
+        print(f"synchrony certify: {exc}", file=sys.stderr)
+        return EXIT_SERVER
+    report = certificate.build_report(header, samples, key)
+    json_path, html_path = out_dir / "certificate.json", out_dir / "certificate.html"
+    json_path.write_text(json.dumps(report, indent=1))
+    html_path.write_text(render_html(report))
+    v = report["verdict"]
+    print(f"LST TTFT p99 {v['ttft_ms_p99']} ms, jitter σ8 (worst) {v['jitter_ms']} ms, ITLmax {v['itl_ms_max']} ms, "
+          f"turn latency p50 {v['turn_ms_p50']} / p95 {v['turn_ms_p95']} ms over {v['responses']} responses: "
+          f"tier {v['tier']}")
+    print(f"report: {json_path}  {html_path}  ({len(samples)} samples, root {report['merkle_root'][:16]}…)")
+    if not samples:
+        print("synchrony certify: no response was measured; the report certifies nothing", file=sys.stderr)
+        return EXIT_SERVER
+    if args.require and tier_rank(v["tier"]) < tier_rank(args.require):
+        print(f"FAIL: tier {v['tier']} is below the required {args.require}")
+        return EXIT_BELOW
+    return EXIT_OK
+
+
+def verify_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="synchrony verify", description="check a certificate.json against a public key")
+    p.add_argument("report", help="certificate.json written by synchrony certify")
+    p.add_argument("--pubkey", required=True, help="the signer's Ed25519 public key (PEM, KEY.pub)")
+    args = p.parse_args(argv)
+    try:
+        public = certificate.load_public_key(Path(args.pubkey))
+        report = json.loads(Path(args.report).read_text())
+        if not isinstance(report, dict):
+            raise ValueError("the report is not a JSON object")
+    except (OSError, ValueError) as exc:
+        print(f"synchrony verify: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    result = certificate.verify_report(report, public)
+    if result.ok:
+        v = report["verdict"]
+        print(f"OK: {len(report['samples'])} samples, root {report['merkle_root'][:16]}…, signature valid; "
+              f"tier {v['tier']} (TTFT99 {v['ttft_ms_p99']} ms, jitter {v['jitter_ms']} ms)")
+        return EXIT_OK
+    for problem in result.problems:
+        print(f"FAILED: {problem}")
+    return EXIT_BELOW
