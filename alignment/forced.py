@@ -110,12 +110,12 @@ class ForcedAligner:
         # The decoder carries state from one utterance to the next (Gaussian selection starts from
         # the last frame's), which moved first words by up to 50 ms with what was aligned before.
         # The same short silent utterance before each call puts it in the same state every time.
-        _reset(dec, self._cmn)
         pad = np.zeros(int(_PAD_S * SAMPLE_RATE), np.float32)
         x = np.concatenate([pad, np.asarray(audio, np.float32), pad])
         x += np.random.default_rng(0).normal(0.0, _DITHER, len(x)).astype(np.float32)
         pcm = (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16).tobytes()
         try:
+            _reset(dec, self._cmn)
             dec.set_align_text(text)
             dec.start_utt()
             dec.process_raw(pcm, full_utt=True)
@@ -134,10 +134,18 @@ class ForcedAligner:
             return None
         if self._decoder.lookup_word(key) is not None:
             return key
-        phones = espeak_arpabet(key)
+        from alignment.espeak import EspeakUnavailable
+
+        try:
+            phones = espeak_arpabet(key)
+        except EspeakUnavailable:
+            return None
         if not phones:
             return None
-        self._decoder.add_word(key, phones, update=True)
+        try:
+            self._decoder.add_word(key, phones, update=True)
+        except RuntimeError:  # a pronunciation the model cannot take: the word is left out
+            return None
         self._added += 1
         return key
 
