@@ -160,8 +160,7 @@ def refine_word_times(
     ``audio`` is 16 kHz mono float32 whose sample 0 is at ``audio_start_pts``. With
     ``lookahead_s`` (streaming), the refined times depend on no audio later than the last word's
     estimated end + ``lookahead_s``. Words the alignment cannot place keep their estimates. The
-    first ``context`` words
-    (already timed) only lead the reference: they are returned as given, at no alignment cost.
+    first ``context`` words (already timed) only lead the alignment: they are returned as given.
     """
     if lookahead_s is not None and not lookahead_s >= 0.0:
         raise ValueError(f"lookahead_s must be >= 0 (got {lookahead_s})")
