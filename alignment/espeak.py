@@ -154,6 +154,14 @@ class _Espeak:
 _ENGINE: _Espeak | None = None
 
 
+def _engine() -> _Espeak:
+    """The process-wide engine, made on first use."""
+    global _ENGINE
+    if _ENGINE is None:
+        _ENGINE = _Espeak()
+    return _ENGINE
+
+
 def resample(x: np.ndarray, src_hz: int, dst_hz: int) -> np.ndarray:
     """Band-limited resampling (polyphase), float32 out."""
     from math import gcd
@@ -186,10 +194,7 @@ def synthesize_speech(
 
     ``lead_in_s`` of silence is prepended (and added to the onsets).
     """
-    global _ENGINE
-    if _ENGINE is None:
-        _ENGINE = _Espeak()
-    pcm, events = _ENGINE.synthesize(text, voice, wpm, pitch)
+    pcm, events = _engine().synthesize(text, voice, wpm, pitch)
     audio = resample(pcm.astype(np.float32) / 32768.0, _Espeak._rate_hz, SAMPLE_RATE)
     encoded = text.encode("utf-8")
     words = []
@@ -205,10 +210,7 @@ def synthesize_speech(
 def phonemes(text: str, voice: str = "en-us") -> str:
     """espeak-ng's phoneme mnemonics for ``text``: its pronunciation of any spelling (letter-to-sound
     rules for words no dictionary has, numbers read out)."""
-    global _ENGINE
-    if _ENGINE is None:
-        _ENGINE = _Espeak()
-    return _ENGINE.phonemes(text, voice)
+    return _engine().phonemes(text, voice)
 
 
 def synthesize_speech_fresh(

@@ -8,10 +8,10 @@ speech have no such evidence and are not judged by it (None).
 
 The onset is the first frame more than ``QUIET_DB`` above the floor after at least
 ``MIN_SILENCE_S`` of frames within it, when the level then reaches ``RISE_DB`` above the floor
-within ``RAMP_S``. The floor is a low percentile of the
-levels around the word, so steady background noise raises it instead of reading as speech.
-A stop consonant's closure is silent, so the rise is its burst: an aligner's onset (and a
-synthesizer's word boundary) may sit up to ~30 ms before it.
+within ``RAMP_S``. The floor is a low percentile of the levels around the word, so steady
+background noise raises it instead of reading as speech. A stop consonant's closure is silent
+and a weak consonant sits near the floor, so for those words the rise comes late: an aligner's
+onset (and a synthesizer's word boundary) may sit up to ~120 ms before it (:func:`onset_window_ms`).
 """
 
 from __future__ import annotations

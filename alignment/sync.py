@@ -13,7 +13,7 @@ from :mod:`alignment.evidence`; None when there is no evidence):
 The audio time is the word aligner's estimate, so it is also checked against evidence the
 aligner did not make: where the word follows silence, its acoustic onset (the level rising out
 of the noise floor, :mod:`alignment.onsets`). A word placed outside the accepted range of that
-onset (±40 ms, or up to 120 ms before it for stops and weak consonants, whose sound rises late)
+onset (−50…+40 ms, or −120…+40 ms for stops and weak consonants, whose sound rises late)
 fails, and is counted apart (``onset_checked`` / ``onset_failed``).
 
 ``ok`` iff the three are pairwise within ``tolerance_ms`` (inclusive, with float slack) and the

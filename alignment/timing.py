@@ -18,12 +18,10 @@ A refined time over MAX_SHIFT_S from Whisper's estimate is rejected in favour of
 Streaming: with ``lookahead_s``, a call's times are computed from audio that ends at the last
 word's ``end + lookahead_s`` (Whisper's estimate; a streaming recogniser makes words final only
 once audio past their end is in, so this costs no waiting), never later: one forced alignment
-of the words. The DTW
-fallback bounds each word at its own ``end + lookahead_s`` (its rows are real-audio frames and
-its recurrence is causal). A streaming recogniser
-emits finals one or two at a time, so `models.asr.StreamingASR` puts the utterance's last two
-final words before them (``context``, not aligned again): a one- or two-word text matches any
-similar stretch of audio.
+of the words. The DTW fallback bounds each word at its own ``end + lookahead_s`` (its rows are
+real-audio frames and its recurrence is causal). A streaming recogniser emits finals one or two
+at a time, so `models.asr.StreamingASR` puts the utterance's last two final words before them
+(``context``, not aligned again): a one- or two-word text matches any similar stretch of audio.
 """
 
 from __future__ import annotations
@@ -256,21 +254,16 @@ def _forced_group(
 
     lo = sample_at(words[0].start - (CONTEXT_MARGIN_S if led else MARGIN_S))
     t0 = pts0 + lo / SAMPLE_RATE
-    texts = [w.text for w in words]
-    if lookahead_s is None:  # offline: one alignment of the whole run
-        spans = aligner().align(x[lo : sample_at(max(w.end for w in words) + MARGIN_S)], texts)
-        if spans is not None:
-            result = [(None, None) if s is None or not want else (t0 + s.start, t0 + s.end)
-                      for s, want in zip(spans, wanted, strict=True)]
-        return result
-    last = max(j for j, want in enumerate(wanted) if want)  # streaming: one alignment up to the bound
-    bound = int(round((words[last].end + lookahead_s - pts0) * SAMPLE_RATE))
-    stop = min(max(bound, 0), len(x))
-    spans = aligner().align(x[lo:stop], texts[: last + 1]) if stop > lo else None
+    if lookahead_s is None:  # offline: the whole run
+        n, hi = len(words), sample_at(max(w.end for w in words) + MARGIN_S)
+    else:  # streaming: the words up to the last wanted one, audio up to its bound
+        n = 1 + max(j for j, want in enumerate(wanted) if want)
+        hi = sample_at(words[n - 1].end + lookahead_s)
+    spans = aligner().align(x[lo:hi], [w.text for w in words[:n]]) if hi > lo else None
     if spans is not None:
-        for j, s in enumerate(spans):
-            if wanted[j] and s is not None:
-                result[j] = (t0 + s.start, t0 + s.end)
+        for j, span in enumerate(spans):
+            if wanted[j] and span is not None:
+                result[j] = (t0 + span.start, t0 + span.end)
     return result
 
 

@@ -33,8 +33,9 @@ VOICES: dict[str, str] = {
     "ked_diphone": "voice_ked_diphone",
 }
 
+# Duration_Stretch is pinned to 1: the diphone voices default to 1.1, the HTS voice to 1.
 _SCRIPT = """({voice})
-(Parameter.set 'Duration_Stretch {stretch})
+(Parameter.set 'Duration_Stretch 1)
 (set! utt (utt.synth (Utterance Text "{text}")))
 (utt.save.wave utt "{wav}" 'riff)
 (mapcar (lambda (w)
@@ -53,19 +54,18 @@ def available(voice: str = "slt_hts") -> bool:
     """True when festival and ``voice`` are installed."""
     if shutil.which("festival") is None:
         return False
-    return any(Path("/usr/share/festival/voices").glob(f"*/{_voice_dir(voice)}"))
+    if voice not in VOICES:
+        return False
+    folder = VOICES[voice].removeprefix("voice_")  # voice_kal_diphone lives in voices/english/kal_diphone
+    return any(Path("/usr/share/festival/voices").glob(f"*/{folder}"))
 
 
-def _voice_dir(voice: str) -> str:
-    return {"slt_hts": "cmu_us_slt_arctic_hts"}.get(voice, voice)
-
-
-def synthesize_festival(text: str, voice: str = "slt_hts", lead_in_s: float = 0.0, stretch: float = 1.0,
-                        timeout_s: float = 60.0) -> Speech:
+def synthesize_festival(text: str, voice: str = "slt_hts", lead_in_s: float = 0.0, timeout_s: float = 60.0
+                        ) -> Speech:
     """Speak ``text`` (plain words) with festival; 16 kHz audio and each word's exact onset.
 
-    ``lead_in_s`` of silence is prepended (and added to the onsets); ``stretch`` > 1 speaks slower.
-    Festival's own leading pause is kept (the onsets account for it).
+    ``lead_in_s`` of silence is prepended (and added to the onsets). Festival's own leading pause
+    is kept (the onsets account for it).
     """
     if voice not in VOICES:
         raise ValueError(f"unknown festival voice {voice!r}; choose from {sorted(VOICES)}")
@@ -75,7 +75,7 @@ def synthesize_festival(text: str, voice: str = "slt_hts", lead_in_s: float = 0.
     with tempfile.TemporaryDirectory(prefix="festival-") as tmp:
         wav = Path(tmp) / "speech.wav"
         script = Path(tmp) / "say.scm"
-        script.write_text(_SCRIPT.format(voice=VOICES[voice], stretch=float(stretch), text=clean, wav=wav))
+        script.write_text(_SCRIPT.format(voice=VOICES[voice], text=clean, wav=wav))
         try:
             out = subprocess.run(["festival", "--batch", str(script)], capture_output=True, text=True,
                                  timeout=timeout_s, check=True).stdout

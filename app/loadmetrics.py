@@ -257,7 +257,8 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         and s.get("evidence", "assigned") != "assigned"
     ]
     offset = quantile(av, 0.5)
-    onset_err = [float(s["audio_error_ms"]) for s in syncs if isinstance(s.get("audio_error_ms"), (int, float))]
+    onset_checked = [s for s in syncs if isinstance(s.get("audio_error_ms"), (int, float))]
+    onset_err = [float(s["audio_error_ms"]) for s in onset_checked]
     evidence: dict[str, int] = {}
     for s in syncs:
         key = str(s.get("evidence", "assigned"))
@@ -275,7 +276,7 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "flagged": offset is not None and abs(offset) > FLAG_THRESHOLD_MS,
         # Words after silence checked against their acoustic onset (audio time vs the audio itself).
         "onset_checks": len(onset_err),
-        "onset_failed": sum(not bool(s.get("ok")) for s in syncs if isinstance(s.get("audio_error_ms"), (int, float))),
+        "onset_failed": sum(not bool(s.get("ok")) for s in onset_checked),
         "onset_error_ms_p50": _round(quantile(onset_err, 0.5)),
     }
 
