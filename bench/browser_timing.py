@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import difflib
 import os
 import shutil
 import socket
@@ -37,9 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app import testmedia  # noqa: E402
-from app.loadmetrics import normalise  # noqa: E402
 from app.peer import WhipPeer  # noqa: E402
-from bench.live import _wait_ready  # noqa: E402
+from bench.live import _wait_ready, onset_errors_ms  # noqa: E402
 from tests.test_browser import write_y4m  # noqa: E402
 
 TEXT = ("the farmer sold fresh eggs at the market on saturday",
@@ -55,15 +53,6 @@ def make_clip(voice: str) -> testmedia.AVClip:
     words = a.words + tuple(testmedia.TimedWord(w.text, w.start + shift) for w in b.words)
     speech = testmedia.Speech(np.concatenate([a.samples, b.samples]), words, " ".join(TEXT))
     return testmedia.make_av_clip(tail_s=1.2, speech=speech)
-
-
-def errors_ms(clip: testmedia.AVClip, finals: list[tuple[str, float]]) -> np.ndarray:
-    """Signed start errors (ms) of final words matched by text to the clip's words."""
-    spoken = [normalise(w.text) for w in clip.words]
-    heard = [normalise(t) for t, _ in finals]
-    return np.array([1000 * (finals[b.b + i][1] - clip.words[b.a + i].start)
-                     for b in difflib.SequenceMatcher(a=spoken, b=heard, autojunk=False).get_matching_blocks()
-                     for i in range(b.size)])
 
 
 async def via_aiortc(base: str, clip: testmedia.AVClip) -> list[tuple[str, float]]:
@@ -108,10 +97,10 @@ async def via_browser(base: str, clip: testmedia.AVClip, workdir: Path) -> list[
 
 def first_pass(clip: testmedia.AVClip, finals: list[tuple[str, float]]) -> tuple[float, np.ndarray]:
     """The clock offset ``c`` of the looped clip and the first pass's errors around it (ms)."""
-    coarse = errors_ms(clip, finals)
+    coarse = onset_errors_ms(clip, finals)
     c = float(np.median(coarse)) if coarse.size else 0.0
     one = [(t, s) for t, s in finals if c / 1000 - 0.5 <= s < c / 1000 + clip.duration - 0.3]
-    e = errors_ms(clip, one)
+    e = onset_errors_ms(clip, one)
     c = float(np.median(e)) if e.size else c
     return c, e - c
 
@@ -148,7 +137,7 @@ async def main() -> int:
     finally:
         proc.terminate()
         proc.wait(10)
-    e_peer = errors_ms(clip, peer)
+    e_peer = onset_errors_ms(clip, peer)
     c, e_page = first_pass(clip, page)
     print(f"$ python bench/browser_timing.py --voice {args.voice}")
     print(f"load average {os.getloadavg()[0]:.1f}; clip {clip.duration:.1f} s, {len(clip.words)} words")

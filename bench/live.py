@@ -100,20 +100,25 @@ async def run_session(base: str, clip: testmedia.AVClip, settle_s: float = 4.0) 
     tokens = [(e.wall - t0, e.message) for e in peer.events if e.type == "token"]
     matched, _lag, _extra = match_tokens(clip_truth(clip), tokens, clip.duration + settle_s)
     word_ms = [1000 * w.final_latency_s for w in matched if w.final_latency_s is not None]
-    spoken = [normalise(w.text) for w in clip.words]
-    heard = sorted(finals.values(), key=lambda x: x[1]["start"])
-    said = [normalise(m["text"]) for _, m in heard]
-    onset_ms = [1000 * (heard[b.b + i][1]["start"] - clip.words[b.a + i].start)
-                for b in difflib.SequenceMatcher(a=spoken, b=said, autojunk=False).get_matching_blocks()
-                for i in range(b.size)]
+    heard = sorted(((m["text"], float(m["start"])) for _, m in finals.values()), key=lambda x: x[1])
     return {
-        "onset_ms": onset_ms,
+        "onset_ms": onset_errors_ms(clip, heard).tolist(),
         "au_ms": au_ms, "au_rate": au_rate, "word_ms": word_ms,
         "words": " ".join(m["text"] for _, m in sorted(finals.values(), key=lambda x: x[1]["start"])),
         "frames_back": peer.frames_received,
         "sync": [e.message for e in peer.events if e.type == "sync"],
         "late": sum(m["late"] for _, m in finals.values()),
     }
+
+
+def onset_errors_ms(clip: testmedia.AVClip, finals: list[tuple[str, float]]) -> np.ndarray:
+    """Signed start errors (ms) of final words ``(text, start)``, in start order, matched by text to
+    the clip's words (no clock-lag correction: the session clock must itself be right)."""
+    spoken = [normalise(w.text) for w in clip.words]
+    heard = [normalise(t) for t, _ in finals]
+    return np.array([1000 * (finals[b.b + i][1] - clip.words[b.a + i].start)
+                     for b in difflib.SequenceMatcher(a=spoken, b=heard, autojunk=False).get_matching_blocks()
+                     for i in range(b.size)])
 
 
 def _pct(xs: list[float], q: float) -> float:
