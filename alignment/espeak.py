@@ -2,7 +2,7 @@
 
 Two users: alignment by synthesis (``alignment.timing`` speaks the recognised words and aligns the
 reference to the real audio) and generated test speech with ground-truth word times
-(``app.testmedia``). Word events are libespeak-ng's event type 1; ``audio_position`` is in ms.
+(``app.loadtest.testmedia``). Word events are libespeak-ng's event type 1; ``audio_position`` is in ms.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The pipeline's own pts prove nothing about whether the picture and the sound agr
 measures how late the *visual content* is relative to the *audio content* (``offset_s`` > 0:
 video late) from the media itself, the way broadcast sync test signals do.
 
-Sync markers (``source="markers"``), the spec that :mod:`app.testmedia` generates:
+Sync markers (``source="markers"``), the spec that :mod:`app.loadtest.testmedia` generates:
 
 * audio: a ``CLICK_S`` = 10 ms, ``CLICK_HZ`` = 1 kHz tone burst starting at the marker instant.
   Found with a quadrature matched filter (sin and cos templates, so the codec's phase shifts do

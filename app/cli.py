@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.analyze import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
+from app.offline.analyze import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
 
 log = logging.getLogger("synchrony")
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from app.analyze import AnalyzeOptions, analyze, summary
-    from app.media_io import MediaError
+    from app.offline.analyze import AnalyzeOptions, analyze, summary
+    from app.offline.media_io import MediaError
     from models.video import RendererUnavailable
 
     options = AnalyzeOptions(
@@ -45,7 +45,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 def _server_config(args: argparse.Namespace, ui: bool = True) -> Any:
     """The ``ServerConfig`` that ``serve`` runs, and that ``cluster`` runs on every node."""
-    from app.server import ServerConfig
+    from app.live.server import ServerConfig
 
     return ServerConfig(
         max_sessions=args.max_sessions,
@@ -69,10 +69,10 @@ def _server_config(args: argparse.Namespace, ui: bool = True) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from app.reliability import bound_native_memory
+    from app.live.reliability import bound_native_memory
 
     bound_native_memory()  # before models load and codec threads start
-    from app.server import serve
+    from app.live.server import serve
 
     serve(args.host, args.port, _server_config(args))
     return EXIT_OK
@@ -96,25 +96,25 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _loadtest(argv: list[str]) -> int:
-    from app.loadtest import main as loadtest_main
+    from app.loadtest.rounds import main as loadtest_main
 
     return loadtest_main(argv)
 
 
 def _probe(argv: list[str]) -> int:
-    from app.lst_probe import main as probe_main
+    from app.loadtest.probe import main as probe_main
 
     return probe_main(argv)
 
 
 def _certify(argv: list[str]) -> int:
-    from app.certify import main as certify_main
+    from app.loadtest.certify import main as certify_main
 
     return certify_main(argv)
 
 
 def _verify(argv: list[str]) -> int:
-    from app.certify import verify_main
+    from app.loadtest.certify import verify_main
 
     return verify_main(argv)
 

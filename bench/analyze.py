@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from app import testmedia
-from app.analyze import AnalyzeOptions, analyze
+from app.loadtest import testmedia
+from app.offline.analyze import AnalyzeOptions, analyze
 
 SENTENCES = [
     "Synchrony aligns every spoken word to the video frames.",

@@ -1,6 +1,6 @@
 """Streaming ASR benchmark: final-word latency, WER vs offline, RTF, CPU — with a baseline.
 
-Audio: espeak-ng sentences (app.testmedia) in several voices with exact word onsets; a word's
+Audio: espeak-ng sentences (app.loadtest.testmedia) in several voices with exact word onsets; a word's
 true end is the next word's onset (connected speech) or, for the last word of a sentence, the
 last sample above -40 dB. Each stream is a few sentences with pauses between them.
 
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
-from app import testmedia
-from app.loadmetrics import TruthWord
+from app.loadtest import testmedia
+from app.loadtest.metrics import TruthWord
 from models.asr import (
     ASRWorker,
     StreamingASR,

@@ -3,7 +3,7 @@
 One server process; the same generated clip (a festival voice by default: not the engine the
 aligner could have been built from) is sent twice:
 
-* by ``app.peer.WhipPeer`` (aiortc), once: final-word onsets vs the clip's exact word onsets;
+* by ``app.loadtest.peer.WhipPeer`` (aiortc), once: final-word onsets vs the clip's exact word onsets;
 * by headless Chromium playing the clip as its fake camera and microphone into the Gradio page
   (which asks for no echo cancellation, noise suppression or gain control): the fake devices
   start before the call and loop the clip, so the page's session clock is the clip's plus an
@@ -35,8 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app import testmedia  # noqa: E402
-from app.peer import WhipPeer  # noqa: E402
+from app.loadtest import testmedia  # noqa: E402
+from app.loadtest.peer import WhipPeer  # noqa: E402
 from bench.live import _wait_ready, onset_errors_ms  # noqa: E402
 from tests.test_browser import write_y4m  # noqa: E402
 
@@ -126,7 +126,7 @@ async def main() -> int:
     clip = make_clip(args.voice)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    code = f"from app.server import ServerConfig, serve; serve('127.0.0.1', {port}, ServerConfig())"
+    code = f"from app.live.server import ServerConfig, serve; serve('127.0.0.1', {port}, ServerConfig())"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

@@ -8,7 +8,7 @@ returned video counted, not decoded) looping the load test's sentence, and print
 * server CPU per peer: the server process's CPU seconds during the round (psutil) per second a peer
   streamed (connect and teardown included), target ≤ ``--target`` cores;
 * per stage, CPU-ms per second of media, from the server's per-thread counters
-  (``synchrony_stage_cpu_seconds_total``, ``app.cpu_account``; this tree only);
+  (``synchrony_stage_cpu_seconds_total``, ``app.live.cpu_account``; this tree only);
 * the simulated peers' own CPU per peer (load-test workers after their clips were built), target ≤ 5 %;
 * the round's word→token p95, Level-3 pass and recall, and the load average (the machine may be shared).
 
@@ -36,8 +36,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app import loadtest  # noqa: E402
-from app.cpu_account import STAGES  # noqa: E402
+from app.live.cpu_account import STAGES  # noqa: E402
+from app.loadtest import rounds as loadtest  # noqa: E402
 
 SERVER_TARGET_CORES = 0.30
 CLIENT_TARGET_CORES = 0.05
@@ -98,9 +98,9 @@ def component_costs(seconds: float = 8.0) -> dict[str, float]:
     from aiortc.codecs.vpx import Vp8Encoder
 
     from alignment.types import VideoFrame
-    from app.cpu_account import process_cpu_s
-    from app.session import FrameRate
-    from app.video_encoder import LeanVp8Encoder
+    from app.live.cpu_account import process_cpu_s
+    from app.live.session import FrameRate
+    from app.live.video_encoder import LeanVp8Encoder
     from models.faces import FaceAUExtractor
 
     clip = loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (640, 360), 25.0)
@@ -116,7 +116,7 @@ def component_costs(seconds: float = 8.0) -> dict[str, float]:
                 faces.extract_full(VideoFrame(1.0 + i / 25, img))
         out[label] = 1000 * (process_cpu_s() - c0) / seconds
         faces.close()
-    from app.session import to_yuv420p
+    from app.live.session import to_yuv420p
 
     video = [to_yuv420p(f) for f in frames[: int(seconds * 16)]]  # encoding only: the conversion is below
     for label, encoder in (("VP8 encode, aiortc's settings (before)", Vp8Encoder()),

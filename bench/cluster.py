@@ -39,8 +39,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app import loadtest as lt  # noqa: E402
 from app.cluster.placement import LOST, READY  # noqa: E402
+from app.loadtest import rounds as lt  # noqa: E402
 
 WORKERS = 2
 
@@ -116,7 +116,7 @@ async def cluster_phases(args: argparse.Namespace, out: dict[str, Any]) -> bool:
     from app.cluster.ingress import create_ingress_app
     from app.cluster.local import start_local_cluster, stop_local_cluster
     from app.cluster.registry import NAMESPACE, RegistryConfig
-    from app.server import ServerConfig, running_server
+    from app.live.server import ServerConfig, running_server
 
     cluster = start_local_cluster(2, 1)
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from alignment.types import VideoFrame
-from app import testmedia
+from app.loadtest import testmedia
 from models.faces import FaceAUExtractor
 
 TARGET_FPS = 15.0

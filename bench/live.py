@@ -41,9 +41,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app import testmedia  # noqa: E402
-from app.loadmetrics import clip_truth, match_tokens, normalise  # noqa: E402
-from app.peer import WhipPeer  # noqa: E402
+from app.loadtest import testmedia  # noqa: E402
+from app.loadtest.metrics import clip_truth, match_tokens, normalise  # noqa: E402
+from app.loadtest.peer import WhipPeer  # noqa: E402
 
 READY_S = 15.0
 AU_P95_MS = 100.0
@@ -140,7 +140,7 @@ async def main() -> int:
                                   speech=testmedia.speak(text, args.voice, lead_in_s=0.6))
     delay = "" if args.output_delay is None else f", output_delay_s={args.output_delay}"
     code = (
-        "import logging, sys; from app.server import ServerConfig, serve; "
+        "import logging, sys; from app.live.server import ServerConfig, serve; "
         f"serve('127.0.0.1', {port}, ServerConfig(ui=False{delay}))"
     )
     t_start = time.monotonic()

@@ -1,7 +1,7 @@
 """Reliability of the live server: connect/disconnect cycles, a vanished peer, a lossy soak.
 
 A fresh server process (every model warmed, as ``synchrony serve`` runs it) gets a debug route
-(``app.reliability``) so its RSS, threads, asyncio tasks, file descriptors, sessions, ASR streams
+(``app.live.reliability``) so its RSS, threads, asyncio tasks, file descriptors, sessions, ASR streams
 and queue depths can be read from outside; the aiortc WHIP peers run in this process.
 
 Phases and targets (each printed with PASS/FAIL):
@@ -44,9 +44,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app import testmedia  # noqa: E402
-from app.peer import WhipError, WhipPeer  # noqa: E402
-from app.reliability import LoopLag  # noqa: E402
+from app.live.reliability import LoopLag  # noqa: E402
+from app.loadtest import testmedia  # noqa: E402
+from app.loadtest.peer import WhipError, WhipPeer  # noqa: E402
 
 RSS_GROWTH_MB = 20.0
 REAP_SLACK_S = 3.0
@@ -68,10 +68,10 @@ def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:
     """Child process: the real server (all models warmed) plus the debug route; port → port_file."""
     import logging
 
-    from app.reliability import bound_native_memory, install_debug_route
+    from app.live.reliability import bound_native_memory, install_debug_route
 
     bound_native_memory()  # as `synchrony serve` does
-    from app.server import ServerConfig, create_app, running_server
+    from app.live.server import ServerConfig, create_app, running_server
 
     logging.basicConfig(level=logging.WARNING, format="server %(levelname)s %(name)s: %(message)s")
 
@@ -259,7 +259,7 @@ def _trend(points: list[tuple[int, float]]) -> float:
 async def phase_vanish(base: str, media_timeout_s: float) -> dict[str, Any]:
     before = await settled(base)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app.peer", f"{base}/whip", cwd=ROOT, stdout=subprocess.PIPE,
+        sys.executable, "-m", "app.loadtest.peer", f"{base}/whip", cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     async with httpx.AsyncClient(base_url=base, timeout=5.0) as c:
         try:
@@ -291,7 +291,7 @@ async def phase_vanish(base: str, media_timeout_s: float) -> dict[str, Any]:
 
 async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval: float,
                      netem: str) -> dict[str, Any]:
-    from app.netem import NetemLink, parse_profile
+    from app.loadtest.netem import NetemLink, parse_profile
 
     profile = parse_profile(netem)
     ended_before = _select(await metrics(base), "synchrony_sessions_ended_total")  # earlier phases' endings

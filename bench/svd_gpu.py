@@ -155,7 +155,7 @@ def build_pipeline(unet_cfg: dict, vae_cfg: dict, enc_cfg: dict, device: str, dt
 
 
 def _reference(w: int, h: int) -> np.ndarray:
-    from app.testmedia import talking_face_frames
+    from app.loadtest.testmedia import talking_face_frames
 
     return talking_face_frames(np.array([0.5]), (w, h))[0]
 

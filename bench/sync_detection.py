@@ -34,7 +34,7 @@ from alignment import evidence as ev
 from alignment.frames import attach_tokens, frame_count
 from alignment.sync import Level3Validator
 from alignment.types import SAMPLE_RATE, VideoFrame, WordToken
-from app import testmedia
+from app.loadtest import testmedia
 
 SENTENCES = [
     "please send the report to my office before noon",

@@ -4,8 +4,8 @@ Targets (issue 22): turn latency p50 ≤ 600 ms and p95 ≤ 900 ms with a respon
 ~100 ms, with no more turns cut short than before (a turn is cut short when the server answers at a
 pause inside it).
 
-A spawned ``synchrony serve --responder openai`` talks to ``app.llm_standin`` (TTFT ``--ttft-ms``,
-on loopback). One WebRTC peer (``app.peer.WhipPeer``) speaks held-out turns: sentences used nowhere
+A spawned ``synchrony serve --responder openai`` talks to ``app.loadtest.llm_standin`` (TTFT ``--ttft-ms``,
+on loopback). One WebRTC peer (``app.loadtest.peer.WhipPeer``) speaks held-out turns: sentences used nowhere
 else, in voices the ASR was not tuned on (bench/asr_stream.py HELD_OUT_VOICES), most with a
 hesitation pause inside (0.35–0.6 s), each followed by 2.5 s of silence. Truth is the generated
 audio: where each part's speech ends. For every response the server sends, the end of speech it
@@ -15,7 +15,7 @@ turn → the turn's latency is the first token's arrival minus the true end of s
 user waits, network included). The server's own figures (turn_ms, LST TTFT) are printed beside.
 
 Both are measured in one run, same clip and machine, in interleaved rounds: "before" with
-``--turn-end-silence 0`` (the ASR's endpoint and final decode decide, as before app/turns.py),
+``--turn-end-silence 0`` (the ASR's endpoint and final decode decide, as before app/live/turns.py),
 "after" with the defaults.
 
     .venv/bin/python bench/turn_latency.py [--ttft-ms 100] [--rounds 2] [--server-arg=--turn-end-silence=0.3]
@@ -60,7 +60,7 @@ class TurnTruth:
 
 
 def build_clip(fps: float = 25.0) -> tuple[object, list[TurnTruth]]:
-    from app import testmedia
+    from app.loadtest import testmedia
 
     parts, truths, t = [np.zeros(int(0.6 * SAMPLE_RATE), np.float32)], [], 0.6
     for k, (texts, pause_ms) in enumerate(TURNS):
@@ -128,9 +128,9 @@ class Figures:
 
 
 async def measure(args: argparse.Namespace, server_args: list[str]) -> Figures:
-    from app.llm_standin import StandInLLM
-    from app.loadtest import SpawnedServer
-    from app.peer import WhipPeer
+    from app.loadtest.llm_standin import StandInLLM
+    from app.loadtest.peer import WhipPeer
+    from app.loadtest.rounds import SpawnedServer
 
     clip, truths = await asyncio.to_thread(build_clip)
     llm = await StandInLLM(ttft_s=args.ttft_ms / 1000.0).start()
@@ -184,7 +184,7 @@ async def run(args: argparse.Namespace) -> int:
         report(f"round {r + 1} before (the ASR's endpoint answers: --turn-end-silence 0)", befores[-1], turns,
                with_pause)
         afters.append(await measure(args, args.server_arg))
-        report(f"round {r + 1} after (app/turns.py, server args {args.server_arg or 'defaults'})", afters[-1], turns,
+        report(f"round {r + 1} after (live turns, server args {args.server_arg or 'defaults'})", afters[-1], turns,
                with_pause)
     before, after = _pool(befores), _pool(afters)
     report("all rounds, before", before, turns * args.rounds, with_pause * args.rounds)

@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from alignment.types import AUSample, LoadEstimate, TokenRatePolicy, WordToken
-from app import testmedia
+from app.loadtest import testmedia
 from models.video import RenderRequest, create_renderer
 
 MEAN_LIMIT_MS = 5.0

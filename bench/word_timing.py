@@ -4,10 +4,10 @@ The product claims every word lands within ±40 ms of when it was said, for any 
 truth must never come from the method under test, and the speech must not be made by the engine
 the method uses:
 
-* **espeak-ng** voices (app.testmedia): exact word onsets from libespeak-ng's word events. The
+* **espeak-ng** voices (app.loadtest.testmedia): exact word onsets from libespeak-ng's word events. The
   previous refinement synthesised its reference with espeak-ng, so on this speech it scored its
   own voice; the column ``synthesis`` (that method alone) shows what that was worth here.
-* **festival** voices (app.festival): an HTS voice trained on a human speaker (slt) and two
+* **festival** voices (app.loadtest.festival): an HTS voice trained on a human speaker (slt) and two
   human-diphone voices (kal, ked), exact word onsets from festival's own segment relations.
 * **recorded human speech** (gradio's bundled clips and ALSA's test voice), against word onsets
   read by hand from spectrograms (bench/data/human_onsets.json, which says how), not by any
@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alignment.timing import refine_word_times
 from alignment.types import SAMPLE_RATE, WordToken
-from app import testmedia
-from app.loadmetrics import TruthWord
+from app.loadtest import testmedia
+from app.loadtest.metrics import TruthWord
 from bench.asr_stream import Session, chunks, latencies, make_session, matched
 from models.asr import StreamingASR, StreamingConfig, normalize_word, transcribe_words
 
@@ -130,7 +130,7 @@ def human_cases() -> list[Case]:
     """The hand-annotated recordings (truth: onsets only), clean and at 10 dB SNR."""
     if not HUMAN_ONSETS.exists():
         return []
-    from app.media_io import decode_media
+    from app.offline.media_io import decode_media
 
     data = json.loads(HUMAN_ONSETS.read_text())
     out = []

@@ -1154,7 +1154,7 @@ class ASRWorker:
 
     def warmup(self) -> float:
         """Run one real inference (encoder, decoder, alignment); return its wall seconds."""
-        from app.testmedia import EspeakUnavailable, synthesize_speech
+        from app.loadtest.testmedia import EspeakUnavailable, synthesize_speech
 
         try:
             audio = synthesize_speech("warm up", lead_in_s=0.1).samples
@@ -1187,7 +1187,7 @@ class ASRWorker:
 
     def set_step_s(self, step_s: float | None) -> None:
         """Re-decode every ``step_s`` of new speech from now on, in every stream (None: the configured
-        step); a server sheds decodes this way under overload (``app.degrade``)."""
+        step); a server sheds decodes this way under overload (``app.live.degrade``)."""
         from dataclasses import replace
 
         with self._cond:

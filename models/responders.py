@@ -33,7 +33,7 @@ class Responder(ABC):
     """Turns the user's utterance into a stream of text tokens under a token-rate policy."""
 
     name: str = "responder"
-    #: Worth requesting before the user's turn is surely over (app/turns.py): a responder with a
+    #: Worth requesting before the user's turn is surely over (app/live/turns.py): a responder with a
     #: network TTFT overlaps it with the rest of the silence; an instant one gains nothing.
     prefetch: bool = False
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import testmedia
+from app.loadtest import testmedia
 
 
 @pytest.fixture(scope="session")

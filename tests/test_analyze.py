@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from alignment.frames import frame_pts
-from app import testmedia
-from app.analyze import EXIT_OK, EXIT_PARTIAL
 from app.cli import main
+from app.loadtest import testmedia
+from app.offline.analyze import EXIT_OK, EXIT_PARTIAL
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_report_has_lst_of_the_replayed_response_stream(analyzed):
 
 
 def test_annotated_video_is_16fps_with_audio(analyzed):
-    from app.media_io import decode_media
+    from app.offline.media_io import decode_media
 
     _, report, out = analyzed
     media = decode_media(out / "annotated.mp4")

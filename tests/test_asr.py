@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
-from app import testmedia
+from app.loadtest import testmedia
 from models.asr import (
     ASRWorker,
     DecodedWord,
@@ -140,8 +140,8 @@ def test_streaming_final_onsets_are_within_a_frame_of_truth(whisper_model, voice
     """The live product puts a word on the output frames within 40 ms of its start, so streamed
     finals need onsets that good, not just the median near truth. Finals come one or two at a time,
     so they are aligned after the utterance's last two final words. One espeak-ng voice and one
-    festival voice trained on a human speaker (app.festival): the aligner was built from neither."""
-    from app import festival
+    festival voice trained on a human speaker (app.loadtest.festival): the aligner was built from neither."""
+    from app.loadtest import festival
 
     if voice.startswith("festival:") and not festival.available(voice.split(":")[1]):
         pytest.skip("festival voices not installed")
@@ -464,7 +464,7 @@ def test_streaming_on_real_speech_says_what_offline_says(whisper_model, clip):
     they come while the speech goes on, not all at its end."""
     import gradio
 
-    from app.media_io import decode_media
+    from app.offline.media_io import decode_media
 
     path = Path(gradio.__file__).parent / "media_assets" / "audio" / clip
     assert path.is_file(), f"gradio no longer ships {path}"

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app import testmedia
-from app.server import ServerConfig, create_app, running_server
+from app.live.server import ServerConfig, create_app, running_server
+from app.loadtest import testmedia
 from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
 
 ROOT = Path(__file__).resolve().parents[1]

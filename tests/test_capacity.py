@@ -10,11 +10,11 @@ import httpx
 import numpy as np
 import pytest
 
-from app import loadtest
-from app.cpu_account import CapacityEstimate, CpuAccount, name_native_thread, stage_of, usable_cores
-from app.peer import WhipError, WhipPeer
-from app.server import ServerConfig, create_app, running_server
-from app.session import FrameRate
+from app.live.cpu_account import CapacityEstimate, CpuAccount, name_native_thread, stage_of, usable_cores
+from app.live.server import ServerConfig, create_app, running_server
+from app.live.session import FrameRate
+from app.loadtest import rounds as loadtest
+from app.loadtest.peer import WhipError, WhipPeer
 
 
 def _burn(seconds: float) -> None:
@@ -89,7 +89,7 @@ def test_lean_encoder_encodes_decodable_vp8_cheaper():
     import av
     from aiortc.codecs.vpx import Vp8Encoder
 
-    from app.video_encoder import LeanVp8Encoder
+    from app.live.video_encoder import LeanVp8Encoder
 
     clip = loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (640, 360), 25.0)
     frames = [av.VideoFrame.from_ndarray(f, format="rgb24") for f in clip.frames[:40]]
@@ -110,7 +110,7 @@ def test_pre_encoded_opus_loop_carries_clip_frame_k_in_packet_k():
     from aiortc.codecs.opus import OpusDecoder
     from aiortc.jitterbuffer import JitterFrame
 
-    from app.peer import AUDIO_FRAME, ClipAudioTrack
+    from app.loadtest.peer import AUDIO_FRAME, ClipAudioTrack
 
     clip = loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (320, 180), 25.0)
     packets = loadtest.encode_opus_loop(clip.audio)
@@ -163,7 +163,7 @@ async def test_full_by_measured_capacity_503_with_retry_after_and_capacity_in_re
 
 
 def test_degradation_steps_down_the_order_under_overload_and_back_when_it_passes():
-    from app.degrade import ORDER, Degradation, OverloadSignal
+    from app.live.degrade import ORDER, Degradation, OverloadSignal
 
     deg = Degradation(enter_s=1.0, leave_s=5.0)
     calm = OverloadSignal(cpu_cores=1.0, usable_cores=2.0, asr_backlog_s=0.05)
@@ -230,8 +230,8 @@ def test_refused_peers_fail_a_round_unless_refusals_are_allowed():
 
 
 def test_slow_words_alone_count_as_overload():
-    from app.degrade import OverloadSignal
-    from app.server_metrics import ServerMetrics
+    from app.live.degrade import OverloadSignal
+    from app.live.server_metrics import ServerMetrics
 
     metrics = ServerMetrics()
     metrics.observe_stage("token_final", 0.2)

@@ -11,9 +11,9 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app import certificate
-from app.certify import QUICK_TURNS, certify_run, main, render_html, verify_main, workload_clip
-from app.server import ServerConfig, create_app, running_server
+from app.live.server import ServerConfig, create_app, running_server
+from app.loadtest import certificate
+from app.loadtest.certify import QUICK_TURNS, certify_run, main, render_html, verify_main, workload_clip
 from tests.live_fixtures import live_stages  # noqa: F401 - pytest fixture
 
 

@@ -9,7 +9,7 @@ import pytest
 from alignment import evidence as ev
 from alignment.sync import Level3Validator
 from alignment.types import SAMPLE_RATE, AudioChunk, VideoFrame
-from app import testmedia
+from app.loadtest import testmedia
 
 TEXT = "please send the report to my office before noon and call me back"
 

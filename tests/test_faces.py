@@ -1,4 +1,4 @@
-"""models.faces on the real MediaPipe model and the real portrait (app.testmedia)."""
+"""models.faces on the real MediaPipe model and the real portrait (app.loadtest.testmedia)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from alignment.types import AU_NAMES, VideoFrame
-from app import testmedia
+from app.loadtest import testmedia
 from models.faces import FaceAUExtractor, FaceModelMissing, blendshapes_to_au
 
 
@@ -154,7 +154,7 @@ def test_quiet_start_and_clean_exit():
     code = (
         "import numpy as np\n"
         "from alignment.types import VideoFrame\n"
-        "from app.testmedia import talking_face_frames\n"
+        "from app.loadtest.testmedia import talking_face_frames\n"
         "from models.faces import FaceAUExtractor\n"
         "ex = FaceAUExtractor(running_mode='video')\n"
         "ex2 = FaceAUExtractor()\n"

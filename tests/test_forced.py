@@ -1,6 +1,6 @@
 """Word timing on voices the aligner was not built from: festival's HTS and diphone voices.
 
-The truth is each synthesizer's own word boundaries (app.festival); Whisper (tiny.en, real
+The truth is each synthesizer's own word boundaries (app.loadtest.festival); Whisper (tiny.en, real
 weights) recognises the words, and the refinement must put them where they were said.
 """
 
@@ -14,7 +14,7 @@ from alignment.onsets import onset_after_silence, onset_window_ms
 from alignment.sync import Level3Validator
 from alignment.timing import refine_word_times
 from alignment.types import SAMPLE_RATE, WordToken
-from app import festival, testmedia
+from app.loadtest import festival, testmedia
 from tests.test_timing import _onset_errors_ms
 
 pytestmark = pytest.mark.skipif(not festival.available("slt_hts"), reason="festival voices not installed")

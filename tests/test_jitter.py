@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiortc.rtp import RtpPacket
 
-from app.jitter import AudioJitterBuffer, MarkerJitterBuffer
+from app.live.jitter import AudioJitterBuffer, MarkerJitterBuffer
 
 
 def packet(seq: int, ts: int, marker: bool, data: bytes) -> RtpPacket:

@@ -1,4 +1,4 @@
-"""app.loadtest / app.loadmetrics / app.loadreport: figures from truth, guard rails, and one short live run."""
+"""The load-test kit (rounds, metrics, report): figures from truth, guard rails, and one short live run."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from alignment.types import SAMPLE_RATE
-from app import loadmetrics as lm
-from app import loadreport, loadtest
+from app.loadtest import metrics as lm
+from app.loadtest import report as loadreport
+from app.loadtest import rounds as loadtest
 
 
 @pytest.fixture(scope="module")

@@ -147,7 +147,7 @@ def test_aggregate_keeps_a_closed_sessions_worst_jitter():
 
 
 def test_prometheus_exposition_has_pooled_and_per_session_lst():
-    from app.server_metrics import ServerMetrics
+    from app.live.server_metrics import ServerMetrics
 
     agg, metrics = LSTAggregate(), ServerMetrics()
     metrics.watch_lst(agg.snapshot)

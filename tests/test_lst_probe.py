@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from alignment.lst import LSTAggregate
-from app.lst_probe import judge, lst_url
-from app.server import ServerConfig, create_app, running_server
-from app.session import Stages
+from app.live.server import ServerConfig, create_app, running_server
+from app.live.session import Stages
+from app.loadtest.probe import judge, lst_url
 
 ROOT = Path(__file__).resolve().parents[1]
 

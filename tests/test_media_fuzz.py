@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from alignment.types import SAMPLE_RATE
-from app import testmedia
-from app.media_io import DecodedMedia, MediaError, MonoResampler, decode_media
+from app.loadtest import testmedia
+from app.offline.media_io import DecodedMedia, MediaError, MonoResampler, decode_media
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""app.netem: seeded impairment decisions, and proof over loopback that they are what actually happens."""
+"""app.loadtest.netem: seeded impairment decisions, and proof over loopback that they are what actually happens."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 from scipy import stats
 
-from app.netem import (
+from app.loadtest.netem import (
     SCENARIOS,
     DelayStep,
     GilbertElliott,

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from app.peer import AUDIO_FRAME, AUDIO_RATE, VIDEO_CLOCK, ClipAudioTrack, ClipVideoTrack, _Start
+from app.loadtest.peer import AUDIO_FRAME, AUDIO_RATE, VIDEO_CLOCK, ClipAudioTrack, ClipVideoTrack, _Start
 
 
 async def test_audio_track_sends_20ms_frames_with_sample_pts_in_real_time():

@@ -22,9 +22,9 @@ import time
 import httpx
 import numpy as np
 
-from app.peer import WhipPeer
-from app.reliability import LoopLag, ResourceSnapshot, lower_thread_priority, own_threads, settle, snapshot
-from app.server import ServerConfig, create_app, running_server
+from app.live.reliability import LoopLag, ResourceSnapshot, lower_thread_priority, own_threads, settle, snapshot
+from app.live.server import ServerConfig, create_app, running_server
+from app.loadtest.peer import WhipPeer
 from tests.live_fixtures import live_stages, whip_offer  # noqa: F401 - shared session fixture
 
 
@@ -144,7 +144,7 @@ async def test_absurd_frame_size_degrades_only_that_session(live_stages, av_clip
 
 
 async def test_lossy_jittery_link_keeps_the_session_bounded(live_stages, av_clip):  # noqa: F811
-    from app.netem import NetemLink, parse_profile
+    from app.loadtest.netem import NetemLink, parse_profile
 
     app = create_app(ServerConfig(ui=False), stages=live_stages)
     async with running_server(app) as base:
@@ -219,7 +219,7 @@ async def test_origin_check():
 def test_serve_bounds_native_memory_pools_before_starting():
     """What `synchrony serve` calls first: glibc accepts the arena cap and oneDNN's cache gets a
     bound unless the environment already set one (run in a child so this process is untouched)."""
-    code = ("import os; from app.reliability import bound_native_memory; "
+    code = ("import os; from app.live.reliability import bound_native_memory; "
             "print(bound_native_memory(), os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)

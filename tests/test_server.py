@@ -14,8 +14,8 @@ import httpx
 import pytest
 from aiortc import RTCPeerConnection
 
-from app.peer import WhipPeer
-from app.server import ServerConfig, check_offer, create_app, running_server
+from app.live.server import ServerConfig, check_offer, create_app, running_server
+from app.loadtest.peer import WhipPeer
 from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ async def test_vanished_peer_is_reaped():
     async with running_server(app) as base:
         await wait_ready(httpx.AsyncClient(base_url=base))
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "app.peer", f"{base}/whip", cwd=ROOT,
+            sys.executable, "-m", "app.loadtest.peer", f"{base}/whip", cwd=ROOT,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from alignment.frames import TOLERANCE_S, frame_pts, frames_for_time
 from alignment.types import WordToken
-from app.session import place_token
+from app.live.session import place_token
 
 
 def word(text: str, start: float) -> WordToken:

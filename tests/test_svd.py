@@ -266,7 +266,7 @@ def test_avatar_reference_and_no_reference(tiny_pipe, tmp_path):
     """Without a camera frame or avatar there is nothing to animate; an avatar file is used as given."""
     from PIL import Image
 
-    from app.testmedia import portrait
+    from app.loadtest.testmedia import portrait
     from models.svd import SVDRenderer
 
     Image.fromarray(portrait()).save(tmp_path / "avatar.png")
@@ -299,9 +299,9 @@ def test_analyze_with_the_svd_backend(svd_dir, tmp_path):
     """`analyze --video-backend svd`: generated frames at 16 fps, words still attached and Level-3 checked."""
     import json
 
-    from app import testmedia
-    from app.analyze import AnalyzeOptions, analyze
-    from app.media_io import decode_media
+    from app.loadtest import testmedia
+    from app.offline.analyze import AnalyzeOptions, analyze
+    from app.offline.media_io import decode_media
     from models.svd import SVDSettings
 
     clip = testmedia.make_av_clip(text="call me", lead_in_s=0.3, tail_s=0.4, size=(160, 96), markers=(0.1,))
@@ -321,8 +321,8 @@ def test_analyze_with_the_svd_backend(svd_dir, tmp_path):
 
 
 def test_analyze_refuses_a_missing_svd_model(tmp_path, capsys):
-    from app import testmedia
     from app.cli import main
+    from app.loadtest import testmedia
 
     clip = testmedia.make_av_clip(text="hi", lead_in_s=0.2, tail_s=0.2, size=(160, 96))
     path = testmedia.write_av_file(tmp_path / "in.mp4", clip)

@@ -11,7 +11,7 @@ from alignment.evidence import OffsetEstimate, estimate_offset
 from alignment.frames import attach_tokens, frame_count
 from alignment.sync import Level3Validator, sync_event
 from alignment.types import VideoFrame, WordToken
-from app import testmedia
+from app.loadtest import testmedia
 
 
 def tok(start: float, text: str = "word") -> WordToken:

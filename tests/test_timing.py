@@ -18,7 +18,7 @@ import pytest
 
 from alignment.timing import end_by_next_start, refine_word_times
 from alignment.types import SAMPLE_RATE, WordToken
-from app import testmedia
+from app.loadtest import testmedia
 
 SENTENCE = "the little boat drifted slowly toward the sandy beach at sunset"
 VOICE, WPM = "en-gb-x-rp", 170  # neither sentence nor voice was used for tuning

@@ -1,4 +1,4 @@
-"""End-of-turn decisions (app/turns.py) on generated speech through the real Silero VAD."""
+"""End-of-turn decisions (app/live/turns.py) on generated speech through the real Silero VAD."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from alignment.types import SAMPLE_RATE, AudioChunk
-from app import testmedia
-from app.turns import TurnConfig, TurnDetector, end_silence, looks_unfinished
+from app.live.turns import TurnConfig, TurnDetector, end_silence, looks_unfinished
+from app.loadtest import testmedia
 from tests.live_fixtures import live_stages  # noqa: F401 - pytest fixture
 
 
@@ -74,9 +74,9 @@ async def test_live_session_prefetches_an_openai_answer_and_reports_both_figures
     100 ms): the answer comes, its first token carries LST TTFT (request → token) and turn latency."""
     import dataclasses
 
-    from app.llm_standin import StandInLLM
-    from app.peer import WhipPeer
-    from app.server import ServerConfig, create_app, running_server
+    from app.live.server import ServerConfig, create_app, running_server
+    from app.loadtest.llm_standin import StandInLLM
+    from app.loadtest.peer import WhipPeer
     from models.responders import OpenAIResponder
 
     llm = await StandInLLM(ttft_s=0.1).start()

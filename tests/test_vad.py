@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app import testmedia
+from app.loadtest import testmedia
 from models.vad import WINDOW, StreamingVAD, VADConfig, speech_segments
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alignment.types import AUSample, LoadEstimate, TokenRatePolicy, WordToken
-from app import testmedia
+from app.loadtest import testmedia
 from models.video import (
     FrameRenderer,
     OverlayRenderer,

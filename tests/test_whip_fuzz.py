@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.server import ServerConfig, create_app, running_server
+from app.live.server import ServerConfig, create_app, running_server
 from tests.live_fixtures import whip_offer
 
 TOKEN = "fuzz-token"

@@ -1,6 +1,6 @@
 """One synchrony server on one Ray node, run inside a Ray actor.
 
-The actor's process loads the models once (``app.server.create_app`` warms them before ``/readyz``
+The actor's process loads the models once (``app.live.server.create_app`` warms them before ``/readyz``
 says ready) and serves WHIP on the node's own address, so the SDP answer it gives carries the node's
 ICE candidates and media flows between client and node, never through the ingress. The server runs
 on an event loop in a thread of its own; the actor's methods only report where it listens. When the
@@ -13,7 +13,7 @@ import asyncio
 import os
 import threading
 
-from app.server import ServerConfig
+from app.live.server import ServerConfig
 
 #: The custom Ray resource a node declares to host one synchrony server (`ray start --resources`).
 NODE_RESOURCE = "synchrony_node"
@@ -26,7 +26,7 @@ class NodeServer:
     """A synchrony server (``create_app`` + uvicorn) in this process, on ``host`` and ``port``."""
 
     def __init__(self, config: ServerConfig, host: str | None = None, port: int = 0) -> None:
-        from app.reliability import bound_native_memory
+        from app.live.reliability import bound_native_memory
 
         bound_native_memory()  # before the models load and the codec threads start, as `synchrony serve`
         self.host = host or os.environ.get(HOST_ENV) or _ray_node_ip()
@@ -41,7 +41,7 @@ class NodeServer:
             raise RuntimeError(f"the node's server did not start: {self._error}")
 
     async def _serve(self, config: ServerConfig, port: int) -> None:
-        from app.server import create_app, running_server
+        from app.live.server import create_app, running_server
 
         try:
             async with running_server(create_app(config), self.host, port) as url:

@@ -24,7 +24,7 @@ import httpx
 
 from app.cluster.node import NODE_RESOURCE, START_TIMEOUT_S, NodeServer
 from app.cluster.placement import LOST, READY, STARTING, UNREACHABLE, WARMING, NodeView, node_capacity
-from app.server import ServerConfig
+from app.live.server import ServerConfig
 
 log = logging.getLogger("synchrony.cluster")
 

@@ -2,7 +2,7 @@
 
 Why not fastrtc: fastrtc (0.0.34) pins ``gradio < 6`` and brings its own signaling; we want Gradio 6
 and one signaling path for every client (browser, aiortc peers, load tester). So the page is a Gradio
-``Blocks`` whose live panel is plain HTML driven by ``app/static/synchrony.js`` (injected through the
+``Blocks`` whose live panel is plain HTML driven by ``app/live/static/synchrony.js`` (injected through the
 page ``head``): it opens the camera and microphone, posts a WHIP offer with an ``events``
 DataChannel, plays the returned video, and draws the events (transcript with per-word times, AU bars,
 load level and token rate, Level-3 status, LST figures). Gradio itself shows the server's readiness

@@ -3,7 +3,7 @@
 Used by the tests, ``bench/live.py`` and the load tester, so every live claim is measured through
 the real WebRTC stack over loopback. The API is deliberately small:
 
-    peer = WhipPeer("http://127.0.0.1:8000/whip", clip)   # clip: app.testmedia.AVClip
+    peer = WhipPeer("http://127.0.0.1:8000/whip", clip)   # clip: app.loadtest.testmedia.AVClip
     await peer.connect()          # POST the offer, apply the answer; media starts flowing
     await peer.wait_for("token", lambda m: m["final"], timeout=10)
     peer.events                   # [ReceivedEvent(wall, message)] in arrival order
@@ -36,7 +36,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from alignment.types import SAMPLE_RATE
-from app.ice import is_loopback_url, loopback_candidates, patient_consent
+from app.live.ice import is_loopback_url, loopback_candidates, patient_consent
 
 AUDIO_RATE = 48_000
 AUDIO_FRAME = 960  # 20 ms at 48 kHz
@@ -89,7 +89,7 @@ class ClipAudioTrack(MediaStreamTrack):
 
     def __init__(self, samples16k: np.ndarray, start: _Start, loop: bool = False) -> None:
         super().__init__()
-        from app.testmedia import resample
+        from app.loadtest.testmedia import resample
 
         pcm = resample(np.asarray(samples16k, np.float32), SAMPLE_RATE, AUDIO_RATE)
         self._pcm = (np.clip(pcm, -1, 1) * 32767).astype(np.int16)
@@ -162,7 +162,7 @@ class WhipPeer:
         frames: list[np.ndarray] | None = None,
         fps: float | None = None,
     ) -> None:
-        """``clip`` is an ``app.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``."""
+        """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``."""
         self.url = url
         self.token = token
         audio = clip.audio if clip is not None and audio is None else audio
@@ -170,7 +170,7 @@ class WhipPeer:
         fps = clip.fps if clip is not None and fps is None else fps
         self._start = _Start()
         loopback_candidates(is_loopback_url(url))  # media to a loopback server stays on loopback
-        patient_consent()  # a loaded server answers consent checks late (see app/ice.py)
+        patient_consent()  # a loaded server answers consent checks late (see app/live/ice.py)
         self.pc = RTCPeerConnection()
         self.audio_track = ClipAudioTrack(audio, self._start, loop) if audio is not None else None
         self.video_track = (
@@ -325,11 +325,11 @@ class WhipPeer:
 
 
 async def _main(argv: list[str] | None = None) -> None:
-    """Publish a generated clip until killed: ``python -m app.peer URL`` (prints the session URL)."""
+    """Publish a generated clip until killed: ``python -m app.loadtest.peer URL`` (prints the session URL)."""
     import argparse
     import sys
 
-    from app import testmedia
+    from app.loadtest import testmedia
 
     parser = argparse.ArgumentParser(description=_main.__doc__)
     parser.add_argument("url")

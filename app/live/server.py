@@ -6,7 +6,7 @@ runs it under uvicorn. Every model is loaded and run once at start-up (in a thre
 returned by ``/readyz``. Refusals are short plain-text messages with the right status, never a
 traceback: 400 bad SDP, 401 missing/wrong bearer token, 404 unknown session, 413 body too large,
 415 not ``application/sdp``, 503 (+ Retry-After) while warming up or when the server is full: as many
-sessions live as its measured capacity (``app.cpu_account``: usable cores × target utilisation over
+sessions live as its measured capacity (``app.live.cpu_account``: usable cores × target utilisation over
 the measured CPU per session) or ``max_sessions``, whichever is lower.
 """
 
@@ -29,12 +29,12 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from app.cpu_account import Capacity, CapacityEstimate, CpuAccount
-from app.degrade import ORDER, Degradation, OverloadSignal
-from app.reliability import freeze_warm_heap, reclaim
-from app.server_metrics import ServerMetrics
-from app.session import Session, SessionConfig, Stages
-from app.video_encoder import install as install_lean_encoder
+from app.live.cpu_account import Capacity, CapacityEstimate, CpuAccount
+from app.live.degrade import ORDER, Degradation, OverloadSignal
+from app.live.reliability import freeze_warm_heap, reclaim
+from app.live.server_metrics import ServerMetrics
+from app.live.session import Session, SessionConfig, Stages
+from app.live.video_encoder import install as install_lean_encoder
 
 log = logging.getLogger("synchrony.server")
 
@@ -68,10 +68,10 @@ class ServerConfig:
     session_cost_cores: float = SESSION_COST_CORES  # CPU per session until this server has measured its own
     target_utilisation: float = 0.85  # of the usable cores, for admitted sessions
     retry_after_s: int = 5  # Retry-After of a 503 when full
-    # under a brief overload, shed work in app.degrade.ORDER before words run late (``synchrony serve``'s
+    # under a brief overload, shed work in app.live.degrade.ORDER before words run late (``synchrony serve``'s
     # default; off for in-process servers, whose load includes their own test peers)
     degrade: bool = False
-    turn_end_s: float = 0.3  # silence that ends a user's turn (app/turns.py); 0: the ASR's endpoint decides
+    turn_end_s: float = 0.3  # silence that ends a user's turn (app/live/turns.py); 0: the ASR's endpoint decides
     turn_unfinished_end_s: float = 0.6  # ... after a word a sentence rarely ends on
     max_sdp_bytes: int = MAX_SDP_BYTES
     ui: bool = True  # mount the Gradio page at /
@@ -210,7 +210,7 @@ def warm_up(config: ServerConfig, state: WarmState) -> None:
     probe = np.zeros((360, 640, 3), np.uint8)
     if {"faces", "render"} & set(config.stages):
         with contextlib.suppress(Exception):  # a real face, so the first inference runs the full graph
-            from app.testmedia import talking_face_frames
+            from app.loadtest.testmedia import talking_face_frames
 
             probe = talking_face_frames(np.array([0.3]), (640, 360))[0]
 
@@ -307,7 +307,7 @@ def _warm_stream(worker: Any) -> None:
     import numpy as np
 
     from alignment.types import AudioChunk
-    from app.testmedia import synthesize_speech
+    from app.loadtest.testmedia import synthesize_speech
     from models.asr import StreamingASR
 
     audio = synthesize_speech("hello there", lead_in_s=0.2).samples  # one short utterance is enough
@@ -344,7 +344,7 @@ def _reclaim_soon(loop: asyncio.AbstractEventLoop) -> None:
 
 def create_app(config: ServerConfig | None = None, stages: Stages | None = None) -> FastAPI:
     """The FastAPI app; pass pre-warmed ``stages`` to share loaded models between apps (tests)."""
-    from app.ice import patient_consent
+    from app.live.ice import patient_consent
 
     patient_consent()  # RFC 7675 expiry: a loaded server answers consent checks later than aioice waits
     config = config or ServerConfig()
@@ -354,7 +354,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     pending = 0
     turn = None
     if config.turn_end_s > 0:
-        from app.turns import TurnConfig
+        from app.live.turns import TurnConfig
 
         turn = TurnConfig(pause_s=min(0.1, config.turn_end_s), end_s=config.turn_end_s,
                           unfinished_end_s=max(config.turn_unfinished_end_s, config.turn_end_s))
@@ -581,7 +581,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         from fastapi.staticfiles import StaticFiles
 
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-        from app.ui import mount_ui
+        from app.live.ui import mount_ui
 
         app = mount_ui(app, config, ready=ready_body)
     return app
@@ -592,7 +592,7 @@ async def running_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -
     """Run ``app`` under uvicorn on this event loop; yields its base URL (tests, benches, load tests)."""
     import uvicorn
 
-    from app.ice import is_loopback_host, loopback_candidates
+    from app.live.ice import is_loopback_host, loopback_candidates
 
     loopback_candidates(is_loopback_host(host))  # a loopback server keeps its media on loopback
 
@@ -615,7 +615,7 @@ def serve(host: str, port: int, config: ServerConfig) -> None:
     """Run the server until interrupted (blocking)."""
     import uvicorn
 
-    from app.ice import is_loopback_host, loopback_candidates
+    from app.live.ice import is_loopback_host, loopback_candidates
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     loopback_candidates(is_loopback_host(host))  # a loopback server keeps its media on loopback

@@ -1,16 +1,16 @@
 """``synchrony certify`` and ``synchrony verify``: an LST certification run and its signed report.
 
-certify streams a standard workload to a server over real WebRTC (one ``app.peer.WhipPeer`` per
+certify streams a standard workload to a server over real WebRTC (one ``app.loadtest.peer.WhipPeer`` per
 scenario, in this process), keeps every LST sample the server measured (the ``ttft_ms`` /
 ``turn_ms`` / ``itl_ms`` its ``response`` events carry), and writes ``certificate.json`` (samples as
-Merkle leaves, root + verdict signed with the operator's Ed25519 key; ``app.certificate``) and
+Merkle leaves, root + verdict signed with the operator's Ed25519 key; ``app.loadtest.certificate``) and
 ``certificate.html`` (plots). The workload:
 
 * turns spoken by a talking face (generated speech with known word times): a plain turn, a turn
   cut short mid-sentence, a turn inserted while the previous answer streams, a long turn;
-* every ``--netem`` scenario of the load test (``app.netem``: loss, delay, link jitter, ...);
+* every ``--netem`` scenario of the load test (``app.loadtest.netem``: loss, delay, link jitter, ...);
 * every ``--responder`` (with ``--spawn-server``: one server per responder; ``openai`` talks to a
-  local stand-in, ``app.llm_standin``, whose own TTFT is ``--standin-ttft-ms``). Each responder's
+  local stand-in, ``app.loadtest.llm_standin``, whose own TTFT is ``--standin-ttft-ms``). Each responder's
   tokens are paced by the policy the server's load controller picks.
 
 verify recomputes the leaves, the root and the verdict and checks the signature; exit 0 valid, 1
@@ -35,7 +35,7 @@ import numpy as np
 
 from alignment.lst import TIER_NAMES, tier_rank
 from alignment.types import SAMPLE_RATE
-from app import certificate
+from app.loadtest import certificate
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
 
@@ -64,14 +64,14 @@ WORKLOADS = {"standard": STANDARD_TURNS, "quick": QUICK_TURNS}
 
 @dataclass(frozen=True)
 class Workload:
-    clip: Any  # app.testmedia.AVClip
+    clip: Any  # app.loadtest.testmedia.AVClip
     turns: tuple[Turn, ...]
     speech_ends: tuple[float, ...]  # clip time at which each turn's speech ends
 
 
 def workload_clip(turns: tuple[Turn, ...], fps: float = 25.0, size: tuple[int, int] = (640, 360)) -> Workload:
     """The turns spoken one after another over a talking face (mouth following the speech)."""
-    from app import testmedia
+    from app.loadtest import testmedia
 
     parts, ends, words = [np.zeros(int(0.6 * SAMPLE_RATE), np.float32)], [], []
     t = 0.6
@@ -127,8 +127,8 @@ def samples_from_events(events: list[Any], t0: float, workload: Workload, scenar
 async def run_scenario(url: str, workload: Workload, netem: str, loops: int, seed: int,
                        token: str | None = None) -> tuple[list[Any], float | None, str | None, dict[str, Any]]:
     """One peer streams the workload ``loops`` times under ``netem``; returns its events, t0, session, info."""
-    from app.netem import NetemLink, parse_profile
-    from app.peer import WhipPeer
+    from app.loadtest.netem import NetemLink, parse_profile
+    from app.loadtest.peer import WhipPeer
 
     peer = WhipPeer(url, workload.clip, token=token, loop=True)
     profile = parse_profile(netem)
@@ -158,8 +158,8 @@ async def run_scenario(url: str, workload: Workload, netem: str, loops: int, see
 
 async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every responder × scenario; returns the header and the samples (raises ValueError on no server)."""
-    from app.llm_standin import StandInLLM
-    from app.loadtest import SpawnedServer
+    from app.loadtest.llm_standin import StandInLLM
+    from app.loadtest.rounds import SpawnedServer
 
     workload = await asyncio.to_thread(workload_clip, WORKLOADS[args.workload])
     samples: list[dict[str, Any]] = []
@@ -246,7 +246,7 @@ speech → first token) p50 {v['turn_ms_p50']} ms, p95 {v['turn_ms_p95']} ms.</p
 
 
 def _ttft_svg(samples: list[dict[str, Any]]) -> str:
-    from app.loadreport import _figure, _svg
+    from app.loadtest.report import _figure, _svg
 
     fig, ax = _figure()
     first = [s for s in samples if s["kind"] == "ttft"]
@@ -265,7 +265,7 @@ def _ttft_svg(samples: list[dict[str, Any]]) -> str:
 
 
 def _itl_svg(samples: list[dict[str, Any]]) -> str:
-    from app.loadreport import _figure, _svg
+    from app.loadtest.report import _figure, _svg
 
     fig, ax = _figure()
     itl = [s for s in samples if s["kind"] == "itl"]
@@ -300,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from app.loadtest import check_loopback_url
-    from app.netem import parse_profile
+    from app.loadtest.netem import parse_profile
+    from app.loadtest.rounds import check_loopback_url
 
     args = build_parser().parse_args(argv)
     args.argv = list(argv)

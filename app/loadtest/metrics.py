@@ -1,7 +1,7 @@
 """What one load-test peer measured, computed from what it sent (the truth) and what came back.
 
 Pure functions over plain data, so the figures can be checked without a server: the truth is the
-generated clip's exact word onsets and marker times (``app.testmedia``), looped and mapped to the
+generated clip's exact word onsets and marker times (``app.loadtest.testmedia``), looped and mapped to the
 peer's clock (zero = the instant clip time zero was sent); what came back is the list of events
 with their arrival wall times and the instants flashes were seen in the returned video.
 
@@ -71,7 +71,7 @@ def word_ends(samples: np.ndarray, starts: Sequence[float], rel_threshold: float
 
 
 def clip_truth(clip: Any) -> ClipTruth:
-    """Ground truth of an ``app.testmedia.AVClip``; word ends from the speech energy, clicks removed."""
+    """Ground truth of an ``app.loadtest.testmedia.AVClip``; word ends from the speech energy, clicks removed."""
     starts = [w.start for w in clip.words]
     audio = np.array(clip.audio, np.float32)
     speech = audio.copy()

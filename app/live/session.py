@@ -40,10 +40,10 @@ from aiortc.mediastreams import MediaStreamError
 from alignment.clock import SenderReport, SessionClock, TrackClock, ntp_to_seconds
 from alignment.frames import FPS, TOLERANCE_S, frame_pts, frames_for_time
 from alignment.types import SAMPLE_RATE, AudioChunk, AUSample, LoadEstimate, VideoFrame, WordToken
-from app.cpu_account import name_native_thread
-from app.reliability import lower_thread_priority
-from app.server_metrics import ServerMetrics
-from app.turns import TurnConfig, TurnDetector, looks_unfinished
+from app.live.cpu_account import name_native_thread
+from app.live.reliability import lower_thread_priority
+from app.live.server_metrics import ServerMetrics
+from app.live.turns import TurnConfig, TurnDetector, looks_unfinished
 
 log = logging.getLogger("synchrony.session")
 
@@ -61,7 +61,7 @@ try:
 except ImportError:  # pragma: no cover - the conversion falls back to libswscale
     _cv2 = None
 #: The returned video's frames are drawn here, apart from the default executor where aiortc encodes
-#: them, so the two stages' CPU can be told apart (app.cpu_account); two threads serve every session.
+#: them, so the two stages' CPU can be told apart (app.live.cpu_account); two threads serve every session.
 _RENDER_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="render")
 
 
@@ -74,7 +74,7 @@ class SessionConfig:
     media_timeout_s: float = 10.0
     au_max_fps: float = 16.0  # face analysis rate (camera pts): the controller resamples, 16/s match the output
     au_nice: int = 5  # face analysis yields the CPU to ASR and the event loop (CFS weight ≈ 1/3)
-    # End-of-turn decisions beside the ASR (app/turns.py); None: answer at the ASR's endpoint only.
+    # End-of-turn decisions beside the ASR (app/live/turns.py); None: answer at the ASR's endpoint only.
     turn: TurnConfig | None = field(default_factory=TurnConfig)
 
 
@@ -116,7 +116,7 @@ class Session:
         on_end: Callable[[Session, str], None] | None = None,
         degradation: Any = None,
     ) -> None:
-        """``degradation``: the server's ``app.degrade.Degradation`` (None: never degrade)."""
+        """``degradation``: the server's ``app.live.degrade.Degradation`` (None: never degrade)."""
         self.id = session_id
         self.pc = pc
         self.stages = stages
@@ -159,7 +159,7 @@ class Session:
         self._lst: Any = None
         self._responder: Any = None
         self._response_task: asyncio.Task | None = None
-        # turns (app/turns.py): words heard since the last answered turn, a prefetched response
+        # turns (app/live/turns.py): words heard since the last answered turn, a prefetched response
         self._turns = TurnDetector(config.turn) if config.turn is not None else None
         self._turn_words: dict[tuple[int, int], tuple[float, float, str]] = {}  # key → (start, end, text)
         self._answered_until = -math.inf  # speech end (pts) of the last turn answered
@@ -231,10 +231,10 @@ class Session:
         rate = _VIDEO_CLOCK if track.kind == "video" else 48_000
         tclock = self.clock.track(track.kind, rate)
         if receiver is not None:
-            from app.jitter import install
+            from app.live.jitter import install
 
             _hook_receiver(receiver, tclock)
-            install(receiver)  # video at its marker bit, audio without aiortc's 80 ms prefetch (app/jitter.py)
+            install(receiver)  # video at its marker bit, audio without aiortc's 80 ms prefetch (app/live/jitter.py)
         if track.kind == "video":
             self._spawn(self._read_video(track, tclock, receiver), "video-in")
             if self.stages.make_faces is not None and self._au_thread is None:

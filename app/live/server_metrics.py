@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from app.reliability import LoopLag
+from app.live.reliability import LoopLag
 
 _ITL_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
@@ -60,7 +60,7 @@ class ServerMetrics:
         Gauge("synchrony_event_loop_stall_count", "event-loop stalls over 0.25 s since start",
               registry=r).set_function(lambda: self.loop_lag.stalls)
         self.stage_cpu = Counter("synchrony_stage_cpu_seconds", "CPU seconds per stage (per-thread kernel counters; "
-                                 "app.cpu_account)", ["stage"], registry=r)
+                                 "app.live.cpu_account)", ["stage"], registry=r)
         self.capacity = Gauge("synchrony_capacity_sessions", "sessions this server admits, from its measured CPU "
                               "per session", registry=r)
         self.session_cost = Gauge("synchrony_session_cost_cores", "measured CPU per live session, in cores",

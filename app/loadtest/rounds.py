@@ -1,9 +1,9 @@
 """`synchrony loadtest`: N simulated WebRTC peers against a live server, with optional network faults.
 
-Each peer is an ``app.peer.WhipPeer`` sending a real generated A/V stream (talking face, espeak
+Each peer is an ``app.loadtest.peer.WhipPeer`` sending a real generated A/V stream (talking face, espeak
 speech with exact word times, flash/click sync markers, optionally an injected A/V offset), looped,
 and recording what comes back: events (tokens, sync, response, lst) and the returned video, in which
-it looks for the flashes. ``app.netem`` impairs each peer's datagrams both ways if asked.
+it looks for the flashes. ``app.loadtest.netem`` impairs each peer's datagrams both ways if asked.
 
 Peers are spread over worker processes (one asyncio loop each), so the clients use both cores the
 way real remote clients would not; the report shows the client CPU next to the server's so the
@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from alignment.lst import judge_samples, tier_rank
-from app import loadmetrics as lm
+from app.loadtest import metrics as lm
 
 log = logging.getLogger("synchrony.loadtest")
 
@@ -123,7 +123,7 @@ def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: floa
     a frame's exposure cell, so a clean clip's flash lights exactly one frame fully.
     """
     from alignment.types import SAMPLE_RATE
-    from app import testmedia
+    from app.loadtest import testmedia
 
     step = int(SAMPLE_RATE / fps)  # samples per video frame (640 at 25 fps: also 2 × 20 ms)
     speech = testmedia.synthesize_speech(text, lead_in_s=0.6)
@@ -191,7 +191,7 @@ def encode_opus_loop(samples16k: np.ndarray) -> list[bytes]:
     import av
     from aiortc.codecs.opus import OpusEncoder
 
-    from app.peer import AUDIO_FRAME, AUDIO_RATE, ClipAudioTrack
+    from app.loadtest.peer import AUDIO_FRAME, AUDIO_RATE, ClipAudioTrack
 
     pcm = ClipAudioTrack(samples16k, None)._pcm  # type: ignore[arg-type]
     n = len(pcm) // AUDIO_FRAME
@@ -250,7 +250,7 @@ def _make_peer_class() -> type:
     or decoded and watched for flashes when asked (imported lazily: aiortc is heavy)."""
     from aiortc.mediastreams import MediaStreamError
 
-    from app.peer import AUDIO_RATE, WhipPeer
+    from app.loadtest.peer import AUDIO_RATE, WhipPeer
 
     class MeasuredPeer(WhipPeer):
         """Records the arrival wall time of every returned video frame and, decoding, every flash."""
@@ -309,8 +309,8 @@ def _make_peer_class() -> type:
 async def run_peer(spec: PeerSpec, cfg: RoundConfig, clip: Any, truth: lm.ClipTruth,
                    vp8_packets: list[bytes] | None = None, opus_packets: list[bytes] | None = None) -> dict[str, Any]:
     """Connect, stream for ``cfg.duration_s``, close; return what this peer measured (JSON-safe)."""
-    from app.netem import NetemLink, parse_profile
-    from app.peer import WhipError
+    from app.loadtest.netem import NetemLink, parse_profile
+    from app.loadtest.peer import WhipError
 
     result: dict[str, Any] = {"index": spec.index, "worker": spec.worker, "offset_ms": spec.offset_ms,
                               "netem": spec.netem, "connected": False, "error": None}
@@ -896,7 +896,7 @@ def spawn_args(args: argparse.Namespace) -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    from app.netem import parse_profile
+    from app.loadtest.netem import parse_profile
 
     if not 1 <= args.peers <= MAX_PEERS:
         raise ValueError(f"--peers must be 1..{MAX_PEERS}")
@@ -929,7 +929,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``synchrony loadtest``; returns 0 if the bounds held, 1 if not, 2/3 on errors."""
-    from app import loadreport
+    from app.loadtest import report as loadreport
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 
 Leaks and growing queues only show when the same figures are taken before and after (connect/
 disconnect cycles, a vanished peer, a long lossy soak). ``snapshot(app)`` takes them from a running
-``app.server`` app; it must run on the app's event loop (it counts that loop's asyncio tasks).
+``app.live.server`` app; it must run on the app's event loop (it counts that loop's asyncio tasks).
 ``bench/soak.py`` exposes it on a debug route of its own server process; the tests call it in-process.
 """
 

@@ -217,9 +217,9 @@ def make_av_clip(
 
 def speak(text: str, voice: str = "en-us", lead_in_s: float = 0.0) -> Speech:
     """``text`` in an espeak-ng voice, or in a festival voice named ``festival:<voice>``
-    (app.festival), with each word's exact onset."""
+    (app.loadtest.festival), with each word's exact onset."""
     if voice.startswith("festival:"):
-        from app.festival import synthesize_festival
+        from app.loadtest.festival import synthesize_festival
 
         return synthesize_festival(text, voice.split(":", 1)[1], lead_in_s=lead_in_s)
     return synthesize_speech(text, voice=voice, lead_in_s=lead_in_s)

@@ -42,7 +42,7 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def name_native_thread(name: str) -> bool:
     """Give the calling OS thread a name (15 bytes; Linux ``prctl``): threads it starts from now on
     inherit it, which is how MediaPipe's and torch's native threads are told apart. False elsewhere."""
-    from app.reliability import _libc
+    from app.live.reliability import _libc
 
     libc = _libc()
     if not libc:

@@ -1,6 +1,6 @@
 """What the server gives up, in order, under a brief overload, so admitted sessions' words stay on time.
 
-Admission (``app.cpu_account``) keeps the server from taking sessions it cannot carry; a brief
+Admission (``app.live.cpu_account``) keeps the server from taking sessions it cannot carry; a brief
 overload can still come (speech in every session at once, a noisy neighbour on the machine). Words
 are the product, so the server sheds the cheaper-to-lose work first, one step at a time:
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from alignment.frames import FPS, attach_tokens, frame_count, frame_pts, tokens_by_frame
 from alignment.types import AU_NAMES, AUSample, LoadEstimate, SyncCheck, VideoFrame, WordToken
-from app.media_io import DecodedMedia, decode_media, write_annotated
-from app.progress import Progress
-from app.replay import replay_lst
+from app.offline.media_io import DecodedMedia, decode_media, write_annotated
+from app.offline.progress import Progress
+from app.offline.replay import replay_lst
 
 if TYPE_CHECKING:
     from models.video import FrameRenderer
@@ -227,7 +227,7 @@ def _current_utterance(shown: list[WordToken]) -> list[WordToken]:
 def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[dict[str, Any], int]:
     """Run the pipeline on ``path``; write report.json (and annotated.mp4); return (report, exit code).
 
-    Raises app.media_io.MediaError when the input is not usable media at all.
+    Raises app.offline.media_io.MediaError when the input is not usable media at all.
     """
     clock = StageClock()
     t_start = time.perf_counter()

@@ -7,7 +7,7 @@ Anything else is a 404/400 with a one-line JSON error. It exists so that turn la
 TTFT can be measured with a responder whose own TTFT is known (``bench/turn_latency.py``,
 ``synchrony certify --responder openai``), on loopback, without a model.
 
-    python -m app.llm_standin --port 8001 --ttft-ms 100
+    python -m app.loadtest.llm_standin --port 8001 --ttft-ms 100
 """
 
 from __future__ import annotations

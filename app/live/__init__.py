@@ -1,0 +1,1 @@
+"""The live product: the WHIP server, its sessions and their stages."""

@@ -1,0 +1,1 @@
+"""The load-test kit: simulated WebRTC peers, impaired links, rounds, figures, reports, test media."""

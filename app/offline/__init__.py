@@ -1,0 +1,1 @@
+"""Offline analysis: a recording in, an annotated video and a report out."""
