@@ -1,8 +1,9 @@
-"""Token <-> output-frame alignment at a fixed output rate.
+"""Token <-> output-frame alignment at a fixed output rate, for the offline and the live path alike.
 
 Output frame k is presented at k / FPS seconds on the session clock. A token attaches to every
 frame whose pts lies within ``TOLERANCE_S`` of the token's start, so each token gets one or two
-frames (frames are 62.5 ms apart and every instant is within 31.25 ms of some frame).
+frames (frames are 62.5 ms apart and every instant is within 31.25 ms of some frame). Live, frames
+already sent cannot carry a word any more: :func:`place_token` says which frames still can.
 """
 
 from __future__ import annotations
@@ -44,21 +45,52 @@ def frames_for_time(
 
 @dataclass(frozen=True)
 class TokenFrames:
-    """A token and the output frames that carry it."""
+    """A token and the output frames that carry it; ``late``: later than its ideal frames (live only)."""
 
     token: WordToken
     frames: tuple[int, ...]
+    late: bool = False
 
     @property
     def first_frame_pts(self) -> float | None:
         return frame_pts(self.frames[0]) if self.frames else None
 
 
+def place_token(
+    tok: WordToken,
+    next_frame: int | None = None,
+    previous: TokenFrames | None = None,
+    n_frames: int | None = None,
+    fps: int = FPS,
+) -> TokenFrames:
+    """The output frames that will actually carry ``tok``, and whether that is later than ideal.
+
+    Ideal: the frames within ±40 ms of its start (all of them offline, ``next_frame`` None). Live,
+    frames before ``next_frame`` were already sent and cannot carry it any more, so a token that
+    arrives after its frames went out is drawn on the next frame (``late``). A revision of a word
+    already on screen (``previous``, same text) keeps the frames it was first presented on.
+    """
+    ideal = frames_for_time(tok.start, n_frames, fps)
+    if next_frame is None:
+        return TokenFrames(tok, ideal)
+    if (previous is not None and previous.frames and previous.frames[0] < next_frame
+            and _norm(previous.token.text) == _norm(tok.text)):
+        frames = previous.frames
+    else:
+        frames = tuple(k for k in ideal if k >= next_frame) or (next_frame,)
+    return TokenFrames(tok, frames, bool(ideal) and frames[0] != ideal[0])
+
+
 def attach_tokens(
     tokens: Iterable[WordToken], n_frames: int | None = None, fps: int = FPS
 ) -> list[TokenFrames]:
-    """Attach each token to the frames within tolerance of its start."""
-    return [TokenFrames(tok, frames_for_time(tok.start, n_frames, fps)) for tok in tokens]
+    """Attach each token to the frames within tolerance of its start (offline: no frame sent yet)."""
+    return [place_token(tok, n_frames=n_frames, fps=fps) for tok in tokens]
+
+
+def _norm(word: str) -> str:
+    """Case and punctuation aside, the same word (a revision that kept its text)."""
+    return "".join(ch for ch in word.lower() if ch.isalnum())
 
 
 def tokens_by_frame(attached: Iterable[TokenFrames]) -> dict[int, list[WordToken]]:
