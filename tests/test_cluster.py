@@ -117,13 +117,13 @@ async def test_sessions_spread_fill_and_survive_a_node_removal(ray_cluster, av_c
     placing there at once and new sessions land on the node that is left."""
     import aioice.ice
 
-    import app.live.ice
+    import app.live.webrtc
     from app.cluster.ingress import create_ingress_app
 
     # The clients notice a vanished node through ICE consent (RFC 7675: 30 s without an answered
     # check). These peers check every second and give up after 3 s, so the test need not wait 30 s.
     monkeypatch.setattr(aioice.ice, "CONSENT_INTERVAL", 1)
-    monkeypatch.setattr(app.live.ice, "CONSENT_EXPIRY_S", 3.0)
+    monkeypatch.setattr(app.live.webrtc, "CONSENT_EXPIRY_S", 3.0)
     app_ = create_ingress_app(CONFIG)  # a second ingress: it finds the node servers the first one started
     async with running_server(app_) as base, httpx.AsyncClient(base_url=base) as ingress:
         ready = await _wait_ready_nodes(ingress, 2, timeout=150)

@@ -11,8 +11,9 @@ import aioice.ice
 import aioice.stun
 from aiortc import RTCPeerConnection
 
-import app.live.ice
-from app.live.ice import is_loopback_host, is_loopback_url, loopback_candidates, patient_consent
+import app.live.webrtc
+from app.live.ice import is_loopback_host, is_loopback_url, loopback_candidates
+from app.live.webrtc import patient_consent
 
 
 def _candidate_addresses(sdp: str) -> set[str]:
@@ -79,8 +80,8 @@ async def test_consent_tolerates_late_answers_and_still_expires_without_any(monk
     """aioice alone drops a connection whose consent answers take 0.7 s; RFC 7675 expiry keeps it, and
     still closes one that stopped answering."""
     monkeypatch.setattr(aioice.ice, "CONSENT_INTERVAL", 0.2)
-    monkeypatch.setattr(app.live.ice, "CONSENT_EXPIRY_S", 1.5)
-    monkeypatch.setattr(app.live.ice, "CONSENT_RETRANSMISSIONS", 1)  # a check gives up after 1.5 s
+    monkeypatch.setattr(app.live.webrtc, "CONSENT_EXPIRY_S", 1.5)
+    monkeypatch.setattr(app.live.webrtc, "CONSENT_RETRANSMISSIONS", 1)  # a check gives up after 1.5 s
     try:
         patient_consent(False)
         a, b = await _connected_pair(0.7)

@@ -344,7 +344,7 @@ def _reclaim_soon(loop: asyncio.AbstractEventLoop) -> None:
 
 def create_app(config: ServerConfig | None = None, stages: Stages | None = None) -> FastAPI:
     """The FastAPI app; pass pre-warmed ``stages`` to share loaded models between apps (tests)."""
-    from app.live.ice import patient_consent
+    from app.live.webrtc import patient_consent
 
     patient_consent()  # RFC 7675 expiry: a loaded server answers consent checks later than aioice waits
     config = config or ServerConfig()

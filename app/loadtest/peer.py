@@ -36,7 +36,8 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from alignment.types import SAMPLE_RATE
-from app.live.ice import is_loopback_url, loopback_candidates, patient_consent
+from app.live.ice import is_loopback_url, loopback_candidates
+from app.live.webrtc import patient_consent
 
 AUDIO_RATE = 48_000
 AUDIO_FRAME = 960  # 20 ms at 48 kHz
@@ -170,7 +171,7 @@ class WhipPeer:
         fps = clip.fps if clip is not None and fps is None else fps
         self._start = _Start()
         loopback_candidates(is_loopback_url(url))  # media to a loopback server stays on loopback
-        patient_consent()  # a loaded server answers consent checks late (see app/live/ice.py)
+        patient_consent()  # a loaded server answers consent checks late (see app/live/webrtc.py)
         self.pc = RTCPeerConnection()
         self.audio_track = ClipAudioTrack(audio, self._start, loop) if audio is not None else None
         self.video_track = (

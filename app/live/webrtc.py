@@ -1,0 +1,129 @@
+"""Every place the server reaches into aiortc's or aioice's internals, in one module, pinned.
+
+These patches read private attributes and replace private methods, so they are right only for the
+versions they were written against: importing this module with other versions installed fails at
+once, with the pins to restore, instead of misbehaving in a live session.
+
+* ICE consent (RFC 7675): aioice sends a consent check every ~5 s, counts it failed unless the
+  answer comes within 0.5 s (no retransmission) and closes the connection after six failures in a
+  row. When the cores are short, answers wait in the server socket's receive queue for longer than
+  that, so healthy sessions were closed (bench/soak.py, docs/BENCHMARKS.md). RFC 7675 expires
+  consent 30 s after the last *answered* check; :func:`patient_consent` makes each check an ordinary
+  retransmitted STUN transaction and closes only after 30 s without one. A peer that really vanished
+  is still reaped by the session's media timeout (10 s) long before.
+* RTP receivers: the session clock needs each track's first packet arrival, its RTCP sender reports
+  and the RTP timestamp aiortc's ``frame.pts`` counts from; aiortc keeps all three inside
+  ``RTCRtpReceiver`` with no public API (:func:`hook_receiver`, :func:`set_origin`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import logging
+import random
+import time
+from typing import Protocol
+
+import aioice.ice
+import aioice.stun
+from aiortc import RTCRtpReceiver
+from aiortc.rtp import RtcpPacket, RtcpSrPacket, RtpPacket
+
+from alignment.clock import SenderReport, TrackClock, ntp_to_seconds
+
+log = logging.getLogger("app.live.ice")  # the consent patch's log lines keep their logger name
+
+#: The versions these patches were written against (pyproject.toml pins the same).
+PINNED = {"aiortc": "1.16.0", "aioice": "0.13.0"}
+
+
+def check_versions(pinned: dict[str, str] = PINNED) -> None:
+    """Refuse to patch versions other than the pinned ones (their internals may differ)."""
+    wrong = {name: importlib.metadata.version(name) for name in pinned}
+    wrong = {name: v for name, v in wrong.items() if v != pinned[name]}
+    if wrong:
+        found = ", ".join(f"{n} {v}" for n, v in wrong.items())
+        want = " ".join(f"{n}=={pinned[n]}" for n in wrong)
+        raise ImportError(f"app.live.webrtc patches aiortc/aioice internals and needs {want}; found {found}. "
+                          f"Install the pinned versions (pip install {want}).")
+
+
+check_versions()
+
+# --- ICE consent (aioice) ---------------------------------------------------------------------------
+
+_AIOICE_QUERY_CONSENT = aioice.ice.Connection.query_consent
+
+CONSENT_EXPIRY_S = 30.0  # RFC 7675 section 5.1
+CONSENT_RETRANSMISSIONS = 3  # sent at 0, 0.5, 1.5, 3.5 s; given up at 7.5 s
+
+
+async def _query_consent(self: aioice.ice.Connection) -> None:
+    """``aioice.Connection.query_consent`` with RFC 7675's expiry: 30 s since the last answered check."""
+    assert self.remote_password is not None
+    answered = time.monotonic()
+    while True:
+        await asyncio.sleep(aioice.ice.CONSENT_INTERVAL * (0.8 + 0.4 * random.random()))
+        for pair in list(self._nominated.values()):
+            request = self.build_request(pair, nominate=False)
+            try:
+                await pair.protocol.request(request, pair.remote_addr,
+                                            integrity_key=self.remote_password.encode("utf8"),
+                                            retransmissions=CONSENT_RETRANSMISSIONS)
+                answered = time.monotonic()
+            except aioice.stun.TransactionError:
+                pass
+        if time.monotonic() - answered >= CONSENT_EXPIRY_S:
+            log.info("ICE consent expired: no check answered for %.0f s", time.monotonic() - answered)
+            self._query_consent_task = None
+            await self.close()
+            return
+
+
+def patient_consent(enabled: bool = True) -> None:
+    """Use RFC 7675 consent expiry (``enabled``) or aioice's own again (process-wide)."""
+    aioice.ice.Connection.query_consent = _query_consent if enabled else _AIOICE_QUERY_CONSENT
+
+
+# --- RTP receivers (aiortc) -------------------------------------------------------------------------
+
+
+class _TimestampMapper(Protocol):
+    _origin: int | None
+
+
+def hook_receiver(receiver: RTCRtpReceiver, tclock: TrackClock) -> None:
+    """Feed the track's first packet arrival and RTCP sender reports to its clock.
+
+    aiortc's two packet handlers are wrapped per instance; everything else still goes to aiortc
+    unchanged.
+    """
+    original = receiver._handle_rtcp_packet
+    original_rtp = receiver._handle_rtp_packet
+
+    async def handle_rtp(packet: RtpPacket, arrival_time_ms: int) -> None:
+        if tclock.first_pts is None and packet.payload:
+            tclock.on_first_packet(int(packet.timestamp), time.monotonic())
+        await original_rtp(packet, arrival_time_ms)
+
+    receiver._handle_rtp_packet = handle_rtp  # type: ignore[method-assign]
+
+    async def handle(packet: RtcpPacket) -> None:
+        if isinstance(packet, RtcpSrPacket):
+            set_origin(receiver, tclock)
+            info = packet.sender_info
+            tclock.on_sender_report(SenderReport(ntp_to_seconds(info.ntp_timestamp), info.rtp_timestamp))
+        await original(packet)
+
+    receiver._handle_rtcp_packet = handle  # type: ignore[method-assign]
+
+
+def set_origin(receiver: RTCRtpReceiver | None, tclock: TrackClock) -> None:
+    """The raw RTP timestamp aiortc's frame.pts counts from (its private TimestampMapper origin)."""
+    if tclock.origin is not None or receiver is None:
+        return
+    mapper: _TimestampMapper | None = getattr(receiver, "_RTCRtpReceiver__timestamp_mapper", None)
+    origin = getattr(mapper, "_origin", None)  # aiortc's private state: absent before the first frame
+    if isinstance(origin, int):
+        tclock.set_origin(origin)
