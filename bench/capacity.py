@@ -98,8 +98,8 @@ def component_costs(seconds: float = 8.0) -> dict[str, float]:
     from aiortc.codecs.vpx import Vp8Encoder
 
     from alignment.types import VideoFrame
+    from app.live.au import FrameRate
     from app.live.cpu_account import process_cpu_s
-    from app.live.session import FrameRate
     from app.live.video_encoder import LeanVp8Encoder
     from models.faces import FaceAUExtractor
 
@@ -116,7 +116,7 @@ def component_costs(seconds: float = 8.0) -> dict[str, float]:
                 faces.extract_full(VideoFrame(1.0 + i / 25, img))
         out[label] = 1000 * (process_cpu_s() - c0) / seconds
         faces.close()
-    from app.live.session import to_yuv420p
+    from app.live.output import to_yuv420p
 
     video = [to_yuv420p(f) for f in frames[: int(seconds * 16)]]  # encoding only: the conversion is below
     for label, encoder in (("VP8 encode, aiortc's settings (before)", Vp8Encoder()),

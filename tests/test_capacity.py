@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
+from app.live.au import FrameRate
 from app.live.cpu_account import CapacityEstimate, CpuAccount, name_native_thread, stage_of, usable_cores
 from app.live.server import ServerConfig, create_app, running_server
-from app.live.session import FrameRate
 from app.loadtest import rounds as loadtest
 from app.loadtest.peer import WhipError, WhipPeer
 

@@ -11,7 +11,7 @@ import pytest
 
 from alignment.lst import LSTAggregate
 from app.live.server import ServerConfig, create_app, running_server
-from app.live.session import Stages
+from app.live.stages import Stages
 from app.loadtest.probe import judge, lst_url
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,19 +23,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.live.stages import Stage
+
 #: Stage of a thread, by the start of its name (Python name first, then the native ``comm``).
-STAGE_BY_PREFIX = (
-    ("au-", "faces"),  # a session's face analysis thread: MediaPipe + the LSTM controller ...
-    ("drishti", "faces"),  # ... and MediaPipe's graph threads (it names them itself)
-    ("asr-", "asr"),  # VAD + streaming Whisper lanes
-    ("render", "render"),  # camera conversion + overlay of the returned video
-    ("asyncio_", "vp8_encode"),  # the default executor: aiortc encodes the returned video there
-    ("video-decoder", "vp8_decode"),  # aiortc's decoder threads: the camera ...
-    ("audio-decoder", "opus_decode"),  # ... and the microphone
-    ("MainThread", "event_loop"),  # aiortc RTP/RTCP/SRTP/SCTP, events, pacing, per-packet session work
+STAGE_BY_PREFIX: tuple[tuple[str, Stage], ...] = (
+    ("au-", Stage.FACES),  # a session's face analysis thread: MediaPipe + the LSTM controller ...
+    ("drishti", Stage.FACES),  # ... and MediaPipe's graph threads (it names them itself)
+    ("asr-", Stage.ASR),  # VAD + streaming Whisper lanes
+    ("render", Stage.RENDER),  # camera conversion + overlay of the returned video
+    ("asyncio_", Stage.VP8_ENCODE),  # the default executor: aiortc encodes the returned video there
+    ("video-decoder", Stage.VP8_DECODE),  # aiortc's decoder threads: the camera ...
+    ("audio-decoder", Stage.OPUS_DECODE),  # ... and the microphone
+    ("MainThread", Stage.EVENT_LOOP),  # aiortc RTP/RTCP/SRTP/SCTP, events, pacing, per-packet session work
 )
 #: ``other``: threads of no stage above; ``unattributed``: threads that started and ended between samples.
-STAGES = tuple(dict.fromkeys(s for _, s in STAGE_BY_PREFIX)) + ("other", "unattributed")
+STAGES: tuple[Stage, ...] = tuple(dict.fromkeys(s for _, s in STAGE_BY_PREFIX)) + (Stage.OTHER, Stage.UNATTRIBUTED)
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -53,7 +55,7 @@ def name_native_thread(name: str) -> bool:
         return False
 
 
-def stage_of(python_name: str | None, comm: str) -> str:
+def stage_of(python_name: str | None, comm: str) -> Stage:
     """The stage a thread's CPU counts toward: by its Python name, else by its native name (a native
     or executor thread started by a named thread carries that thread's name)."""
     for name in (python_name, comm):
@@ -61,7 +63,7 @@ def stage_of(python_name: str | None, comm: str) -> str:
             for prefix, stage in STAGE_BY_PREFIX:
                 if name.startswith(prefix):
                     return stage
-    return "other"
+    return Stage.OTHER
 
 
 def _thread_cpu_s(tid: int) -> tuple[str, float] | None:
@@ -82,10 +84,10 @@ class CpuAccount:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last: dict[int, float] = {}  # tid -> CPU seconds at the last sample
-        self.totals: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self.totals: dict[Stage, float] = dict.fromkeys(STAGES, 0.0)
         self.available = os.path.isdir("/proc/self/task")
 
-    def sample(self) -> dict[str, float]:
+    def sample(self) -> dict[Stage, float]:
         """Add every thread's CPU since the last sample to its stage; returns the totals."""
         if not self.available:
             return dict(self.totals)
@@ -104,9 +106,9 @@ class CpuAccount:
                     stage = stage_of(names.get(tid), comm)
                     self.totals[stage] += delta
             self._last = seen
-            attributed = sum(v for k, v in self.totals.items() if k != "unattributed")
-            self.totals["unattributed"] = max(process_cpu_s() - attributed,
-                                              self.totals["unattributed"])
+            attributed = sum(v for k, v in self.totals.items() if k != Stage.UNATTRIBUTED)
+            self.totals[Stage.UNATTRIBUTED] = max(process_cpu_s() - attributed,
+                                                  self.totals[Stage.UNATTRIBUTED])
             return dict(self.totals)
 
 

@@ -25,8 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.live.stages import Stage
+
 #: The steps, in the order they are taken (and given back in reverse).
 ORDER = ("au_rate", "video_quality", "asr_step")
+#: The stage each step sheds work from.
+STEP_STAGE: dict[str, Stage] = {"au_rate": Stage.AU, "video_quality": Stage.RENDER, "asr_step": Stage.ASR}
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ short silence instead of everything late.
 
 from __future__ import annotations
 
-from typing import Any
-
+from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import MAX_MISORDER, JitterBuffer, JitterFrame
+from aiortc.rtp import RtpPacket
 from aiortc.utils import uint16_add
 
 
@@ -30,7 +30,7 @@ class MarkerJitterBuffer(JitterBuffer):
         super().__init__(capacity=capacity, is_video=True)
 
     def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
-        packets: list[Any] = []
+        packets: list[RtpPacket] = []
         timestamp = None
         for count in range(self.capacity):
             packet = self._packets[(self._origin + count) % self._capacity]  # type: ignore[operator]
@@ -61,7 +61,7 @@ class AudioJitterBuffer(JitterBuffer):
             raise ValueError(f"max_wait must be in [0, {capacity})")
         self.max_wait = max_wait
 
-    def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
         seq = packet.sequence_number
         if self._origin is None:
             self._origin = seq
@@ -79,7 +79,7 @@ class AudioJitterBuffer(JitterBuffer):
         self._packets[seq % self.capacity] = packet
         return False, self._release()
 
-    def _at(self, k: int) -> Any:
+    def _at(self, k: int) -> RtpPacket | None:
         """The packet ``k`` places after the origin, or None."""
         return self._packets[(self._origin + k) % self.capacity]
 
@@ -96,7 +96,7 @@ class AudioJitterBuffer(JitterBuffer):
         return None
 
 
-def install(receiver: Any) -> bool:
+def install(receiver: RTCRtpReceiver) -> bool:
     """Swap an ``RTCRtpReceiver``'s jitter buffer for the one above of its kind (before packets
     arrive); False if not possible."""
     name = "_RTCRtpReceiver__jitter_buffer"

@@ -34,6 +34,7 @@ from app.live.degrade import ORDER, Degradation, OverloadSignal
 from app.live.reliability import freeze_warm_heap, reclaim
 from app.live.server_metrics import ServerMetrics
 from app.live.session import Session, SessionConfig, Stages
+from app.live.stages import Stage
 from app.live.video_encoder import install as install_lean_encoder
 
 log = logging.getLogger("synchrony.server")
@@ -76,7 +77,8 @@ class ServerConfig:
     max_sdp_bytes: int = MAX_SDP_BYTES
     ui: bool = True  # mount the Gradio page at /
     warmup: bool = True  # load and run every model before /readyz says ready
-    stages: tuple[str, ...] = ("faces", "controller", "asr", "render", "sync", "response", "lst")
+    stages: tuple[Stage, ...] = (Stage.FACES, Stage.CONTROLLER, Stage.ASR, Stage.RENDER, Stage.SYNC, Stage.RESPONSE,
+                                 Stage.LST)
 
 
 class SdpError(ValueError):

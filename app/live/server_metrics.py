@@ -11,13 +11,20 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from app.live.reliability import LoopLag
+from app.live.stages import Stage
+
+if TYPE_CHECKING:
+    from alignment.lst import TokenTiming
+
+#: ``LSTAggregate.snapshot()``: figures by name, and ``per_session`` figures by session id
+LSTSnapshot = dict  # JSON figures, as alignment.lst returns them
 
 _ITL_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
@@ -79,23 +86,23 @@ class ServerMetrics:
                                  buckets=_ITL_BUCKETS, registry=r)
         self._checks = 0
         self._passed = 0
-        self._stage_cpu_seen: dict[str, float] = {}
+        self._stage_cpu_seen: dict[Stage, float] = {}
         self._word_latency: deque[tuple[float, float]] = deque(maxlen=4096)  # (wall, word end → token s)
 
-    def observe_lst(self, timing: Any) -> None:
+    def observe_lst(self, timing: TokenTiming) -> None:
         """One emitted token's ``alignment.lst.TokenTiming``."""
         for hist, value in ((self.lst_ttft, timing.ttft_s), (self.lst_turn, timing.turn_s),
                             (self.lst_itl, timing.itl_s)):
             if value is not None:
                 hist.observe(max(value, 0.0))
 
-    def watch_lst(self, snapshot: Callable[[], dict[str, Any] | None]) -> None:
+    def watch_lst(self, snapshot: Callable[[], LSTSnapshot | None]) -> None:
         """Export ``snapshot()`` (``LSTAggregate.snapshot``; None: no LST stage) as gauges at scrape time."""
         self.registry.register(_LSTCollector(snapshot))
 
-    def observe_stage(self, stage: str, latency_s: float, compute_s: float | None = None) -> None:
+    def observe_stage(self, stage: Stage, latency_s: float, compute_s: float | None = None) -> None:
         self.stage_latency.labels(stage).observe(max(latency_s, 0.0))
-        if stage in ("token_interim", "token_final"):
+        if stage in (Stage.TOKEN_INTERIM, Stage.TOKEN_FINAL):
             self._word_latency.append((time.monotonic(), latency_s))
         if compute_s is not None:
             self.stage_compute.labels(stage).observe(max(compute_s, 0.0))
@@ -116,7 +123,7 @@ class ServerMetrics:
         self._passed += int(ok)
         self.sync_pass_rate.set(self._passed / self._checks)
 
-    def stage_cpu_totals(self, totals: dict[str, float]) -> None:
+    def stage_cpu_totals(self, totals: dict[Stage, float]) -> None:
         """Advance the per-stage CPU counters to ``totals`` (monotone CPU seconds per stage)."""
         for stage, total in totals.items():
             delta = total - self._stage_cpu_seen.get(stage, 0.0)
@@ -142,7 +149,7 @@ _LST_GAUGES = (
 class _LSTCollector(Collector):
     """LST gauges from the aggregate's snapshot: pooled (no label) and per live session (``session``)."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(self, snapshot: Callable[[], LSTSnapshot | None]) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

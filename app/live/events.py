@@ -1,0 +1,128 @@
+"""The session's wire events (docs/WIRE.md), one frozen record per ``type``.
+
+Each record holds what the stage produced and ``to_wire()`` gives the JSON object a client reads:
+the keys, their order and their rounding are the contract, so they are written out here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from alignment.frames import TokenFrames
+from alignment.sync import sync_event
+from alignment.types import AUSample, LoadEstimate, SyncCheck
+from app.live.stages import Stage
+
+if TYPE_CHECKING:
+    from alignment.lst import TokenTiming
+
+WIRE_VERSION = 1
+
+#: JSON values as the events carry them.
+Wire = dict[str, object]
+
+
+class WireEvent(Protocol):
+    type: str
+
+    def to_wire(self) -> Wire: ...
+
+
+@dataclass(frozen=True)
+class HelloEvent:
+    session: str
+    fps: int
+    output_delay_s: float
+    stages: tuple[Stage, ...]
+    missing: Mapping[str, str]
+    type: str = "hello"
+
+    def to_wire(self) -> Wire:
+        return {"type": "hello", "session": self.session, "version": WIRE_VERSION, "fps": self.fps,
+                "output_delay_s": self.output_delay_s, "stages": sorted(str(s) for s in self.stages),
+                "missing": self.missing}
+
+
+@dataclass(frozen=True)
+class AUEvent:
+    sample: AUSample
+    type: str = "au"
+
+    def to_wire(self) -> Wire:
+        return {"type": "au", "pts": round(self.sample.pts, 4), "au": self.sample.as_dict(), "face": self.sample.face}
+
+
+@dataclass(frozen=True)
+class LoadEvent:
+    estimate: LoadEstimate
+    type: str = "load"
+
+    def to_wire(self) -> Wire:
+        e = self.estimate
+        return {"type": "load", "pts": round(e.pts, 4), "level": e.level,
+                "probs": [round(float(p), 4) for p in e.probs], "policy": e.policy.as_dict()}
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    placed: TokenFrames
+    type: str = "token"
+
+    def to_wire(self) -> Wire:
+        tok = self.placed.token
+        return {"type": "token", "text": tok.text, "start": round(tok.start, 4), "end": round(tok.end, 4),
+                "final": tok.final, "frames": list(self.placed.frames), "utterance": tok.utterance,
+                "index": tok.index, "late": self.placed.late}
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    check: SyncCheck
+    type: str = "sync"
+
+    def to_wire(self) -> Wire:
+        return sync_event(self.check)
+
+
+@dataclass(frozen=True)
+class ResponseEvent:
+    """One paced response token; ``timing``: what it measured (None without the LST stage)."""
+
+    utterance: int
+    index: int
+    text: str
+    ms_after_utterance: float
+    timing: TokenTiming | None = None
+    type: str = "response"
+
+    def to_wire(self) -> Wire:
+        out: Wire = {"type": "response", "utterance": self.utterance, "index": self.index, "text": self.text,
+                     "ms_after_utterance": round(self.ms_after_utterance, 1)}
+        t = self.timing
+        if t is not None:
+            out.update({k: round(v * 1000, 3) for k, v in (("ttft_ms", t.ttft_s), ("turn_ms", t.turn_s),
+                                                           ("itl_ms", t.itl_s)) if v is not None})
+        return out
+
+
+@dataclass(frozen=True)
+class LSTEvent:
+    """The session's LST figures after a response (``alignment.lst.LSTMeter.snapshot``)."""
+
+    figures: Mapping[str, object]
+    type: str = "lst"
+
+    def to_wire(self) -> Wire:
+        return {"type": "lst", **self.figures}
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    stage: Stage
+    message: str
+    type: str = "error"
+
+    def to_wire(self) -> Wire:
+        return {"type": "error", "stage": str(self.stage), "message": self.message, "fatal": False}

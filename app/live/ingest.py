@@ -1,0 +1,96 @@
+"""Ingest: the client's camera and microphone tracks, read onto the session clock.
+
+Each incoming track gets its clock (``alignment.clock``) fed from its receiver's RTP and RTCP
+(``app.live.webrtc``) and a jitter buffer that releases media without aiortc's extra wait
+(``app.live.jitter``). The two read loops then hand every decoded frame on with its session time:
+camera frames as they are, audio resampled to the ASR's 16 kHz mono with continuous pts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCRtpReceiver
+from aiortc.mediastreams import MediaStreamError
+
+from alignment.clock import SessionClock, TrackClock
+from alignment.types import SAMPLE_RATE
+from app.live import jitter
+from app.live.output import VIDEO_CLOCK
+from app.live.webrtc import hook_receiver, set_origin
+
+AUDIO_CLOCK = 48_000
+#: Largest camera frame a session keeps (1080p). The session holds ~2 s of decoded frames for
+#: rendering, so a peer sending absurd sizes would otherwise grow the whole server's memory.
+MAX_VIDEO_PIXELS = 1920 * 1088
+REANCHOR_S = 0.02  # audio pts further than this from the running sample count: a gap or clock step
+
+
+class MediaSink(Protocol):
+    """Where the read loops hand what they read (the session)."""
+
+    def media_arrived(self, wall: float) -> None: ...
+    def oversized(self, frame: av.VideoFrame) -> None: ...
+    def camera_frame(self, t: float, frame: av.VideoFrame, arrival: float) -> None: ...
+    def audio(self, pts: float, samples: np.ndarray) -> None: ...
+
+
+def open_track(pc: RTCPeerConnection, clock: SessionClock,
+               track: MediaStreamTrack) -> tuple[TrackClock, RTCRtpReceiver | None]:
+    """The track's clock and receiver, its RTP/RTCP feeding that clock and its jitter buffer installed."""
+    receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track), None)
+    if receiver is None:
+        receiver = next((t.receiver for t in pc.getTransceivers()
+                         if t.kind == track.kind and t.receiver.track is None), None)
+    tclock = clock.track(track.kind, VIDEO_CLOCK if track.kind == "video" else AUDIO_CLOCK)
+    if receiver is not None:
+        hook_receiver(receiver, tclock)
+        jitter.install(receiver)  # video at its marker bit, audio without aiortc's 80 ms prefetch
+    return tclock, receiver
+
+
+async def read_video(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCRtpReceiver | None,
+                     sink: MediaSink) -> None:
+    """Camera frames to ``sink`` until the track ends (oversized ones are reported, not kept)."""
+    try:
+        while True:
+            frame = await track.recv()
+            arrival = time.monotonic()
+            sink.media_arrived(arrival)
+            set_origin(receiver, tclock)
+            t = tclock.time(int(frame.pts), arrival)
+            if frame.width * frame.height > MAX_VIDEO_PIXELS:
+                sink.oversized(frame)
+                continue
+            sink.camera_frame(t, frame, arrival)
+    except MediaStreamError:
+        return
+
+
+async def read_audio(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCRtpReceiver | None,
+                     sink: MediaSink) -> None:
+    """Microphone audio to ``sink`` as 16 kHz mono float32 with continuous pts, until the track ends."""
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+    anchor: float | None = None  # session time of output sample 0
+    produced = 0
+    try:
+        while True:
+            frame = await track.recv()
+            arrival = time.monotonic()
+            sink.media_arrived(arrival)
+            set_origin(receiver, tclock)
+            t = tclock.time(int(frame.pts), arrival)
+            out = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame)] or
+                                 [np.zeros(0, np.float32)])
+            expected = None if anchor is None else anchor + produced / SAMPLE_RATE
+            if expected is None or abs(expected - t) > REANCHOR_S:  # start, or a gap/clock step: re-anchor
+                anchor, produced = t, 0
+            pts = anchor + produced / SAMPLE_RATE
+            produced += len(out)
+            if out.size:
+                sink.audio(pts, out.astype(np.float32, copy=False))
+    except MediaStreamError:
+        return

@@ -1,0 +1,202 @@
+"""The response stage: when the user's turn ends, answer it, paced at the current load's policy.
+
+A turn ends at the turn detector's decision (``app.live.turns``: silence after words that can end a
+sentence) or, without one, at the ASR's endpoint. A responder with a network TTFT gets the request
+at the pause already (a prefetch), and its tokens are held until the turn really ends. Each answer
+is metered for LST (docs/LST.md) and streamed as ``response`` events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+
+from alignment.clock import SessionClock
+from alignment.lst import LSTMeter
+from alignment.pacing import TokenPacer
+from alignment.types import AudioChunk, TokenRatePolicy, WordToken
+from app.live.events import LSTEvent, ResponseEvent
+from app.live.observe import SessionObserver
+from app.live.stages import Pacer, Responder, Stage, StageHost, attempt
+from app.live.turns import TurnDetector, looks_unfinished
+
+#: A turn's words "reach" its end of speech when the last one ends this close to it (ASR word ends
+#: fall a little before the VAD's end of speech; a word still missing leaves a larger gap).
+HEARD_SLACK_S = 0.35
+
+
+class Responses:
+    """One session's turns and the answers to them."""
+
+    def __init__(self, host: StageHost, responder: Responder, turns: TurnDetector | None, clock: SessionClock,
+                 make_pacer: Callable[[TokenRatePolicy], Pacer] | None, lst: LSTMeter | None,
+                 observer: SessionObserver, policy: Callable[[], TokenRatePolicy | None]) -> None:
+        """``policy``: the current load's policy (None before the controller has spoken)."""
+        self.host, self.responder, self.turns, self.clock = host, responder, turns, clock
+        self.make_pacer, self.lst, self.observer, self._policy = make_pacer, lst, observer, policy
+        self._response_task: asyncio.Task[None] | None = None
+        self._pacer: Pacer | None = None  # the pacer of the answer now being shown
+        # words heard since the last answered turn, and a prefetched response
+        self._turn_words: dict[tuple[int, int], tuple[float, float, str]] = {}  # key → (start, end, text)
+        self._answered_until = -math.inf  # speech end (pts) of the last turn answered
+        self._unanswered_end: float | None = None  # a turn ended before its words came: answer when they do
+        self._prefetch: tuple[asyncio.Task[None], asyncio.Event, float, str] | None = None  # task, gate, pts, text
+        self._pause_pts: float | None = None  # speech end of the pause now running (turn not over yet)
+
+    def set_policy(self, policy: TokenRatePolicy) -> None:
+        """A new load policy: the answer being shown follows it."""
+        pacer = self._pacer
+        if pacer is not None:
+            attempt(self.host, Stage.RESPONSE, lambda: pacer.set_policy(policy))
+
+    # --- turns ------------------------------------------------------------------------------------
+
+    def heard(self, tok: WordToken) -> None:
+        """A word of the user's (interim or final): part of the turn now running."""
+        if self.turns is None or tok.start < self._answered_until - 0.05:
+            return
+        self._turn_words[(tok.utterance, tok.index)] = (tok.start, tok.end, tok.text)
+        if self._unanswered_end is not None and self._heard_until(self._unanswered_end):
+            self._end_turn(self._unanswered_end)
+        elif self._pause_pts is not None and (self._prefetch is None
+                                              or self._prefetch[3] != self._turn_text(self._pause_pts)):
+            self._prefetch_response(self._pause_pts)  # the words reached the pause, or changed: (re)send
+
+    def utterance_end(self, pts: float, text: str, utterance: int) -> None:
+        """The ASR's endpoint: answers unless the turn detector did (or is still deciding)."""
+        if Stage.RESPONSE in self.host.degraded:
+            return
+        if self.turns is not None:
+            # Only for a turn that ended before its words were heard (an utterance inside it, or it).
+            pending = self._unanswered_end
+            if pending is None or not self._answered_until < pts <= pending + 0.5 or not text.strip():
+                return
+            if pts >= pending - 0.05:
+                self._unanswered_end = None
+            self._answered_until = pts
+            self._turn_words = {k: w for k, w in self._turn_words.items() if w[0] >= pts}  # the next turn's
+        self._start_response(text, pts, utterance, None)
+
+    def audio(self, chunk: AudioChunk) -> None:
+        """The user's audio, for the turn detector."""
+        if self.turns is None or Stage.RESPONSE in self.host.degraded:
+            return
+        for ev in self.turns.feed(chunk, self._turn_text()):
+            if ev.kind == "pause":
+                self._pause_pts = ev.pts
+                self._prefetch_response(ev.pts)
+            elif ev.kind == "resume":
+                self._pause_pts = None
+                self._drop_prefetch()
+            else:
+                self._pause_pts = None
+                self._end_turn(ev.pts)
+
+    def _turn_text(self, until: float = math.inf) -> str:
+        """The turn's words (interims included) that start before ``until``."""
+        return " ".join(text for start, _, text in sorted(self._turn_words.values()) if start < until)
+
+    def _turn_utterance(self) -> int:
+        return max((u for u, _ in self._turn_words), default=0)
+
+    def _heard_until(self, pts: float) -> bool:
+        """The words spoken before ``pts`` reach it (the ASR has caught up with this end of speech)."""
+        ends = [end for start, end, _ in self._turn_words.values() if start < pts]
+        return bool(ends) and max(ends) >= pts - HEARD_SLACK_S
+
+    def _prefetch_response(self, pts: float) -> None:
+        """Speech paused after words that can end a sentence: send the request now, hold its tokens
+        (responders with a network TTFT only: the hold counts in the LST TTFT, docs/LST.md)."""
+        text = self._turn_text(pts)
+        self._drop_prefetch()
+        if not self.responder.prefetch or not text or looks_unfinished(text) or not self._heard_until(pts):
+            return
+        gate = asyncio.Event()
+        task = self.host.spawn(self._respond(text, pts, self._turn_utterance(), gate), Stage.RESPONSE_PREFETCH)
+        self._prefetch = (task, gate, pts, text)
+
+    def _drop_prefetch(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch[0].cancel()
+            self._prefetch = None
+
+    def _end_turn(self, pts: float) -> None:
+        """The turn is over: release the prefetched answer or start one, once its words are heard
+        (until then the first token that reaches the end, or the ASR's endpoint, answers)."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None and abs(prefetch[2] - pts) < 1e-6 and not prefetch[0].done():
+            self._interrupt_answer()
+            self._response_task = prefetch[0]
+            prefetch[1].set()
+        else:
+            if prefetch is not None:
+                prefetch[0].cancel()
+            if not self._heard_until(pts):
+                self._unanswered_end = pts
+                return
+            self._start_response(self._turn_text(pts), pts, self._turn_utterance(), None)
+        self._unanswered_end = None
+        self._answered_until = pts
+        self._turn_words = {k: w for k, w in self._turn_words.items() if w[0] >= pts}  # the next turn's
+
+    # --- answers ----------------------------------------------------------------------------------
+
+    def _interrupt_answer(self) -> None:
+        if self._response_task is not None and not self._response_task.done():
+            self._response_task.cancel()  # a new turn interrupts the previous answer
+
+    def _start_response(self, text: str, pts: float, utterance: int, gate: asyncio.Event | None) -> None:
+        self._interrupt_answer()
+        self._response_task = self.host.spawn(self._respond(text, pts, utterance, gate), Stage.RESPONSE)
+
+    async def _respond(self, text: str, speech_end_pts: float, utterance: int, gate: asyncio.Event | None) -> None:
+        """Answer one turn: responder tokens paced at the current load's policy, LST-metered.
+
+        With a ``gate`` (a prefetch) the request goes out now and its first token waits for the gate,
+        before pacing, so the pace starts when the tokens may be shown. Each ``response`` event
+        carries what its token measured (``ttft_ms`` and ``turn_ms`` on the first, ``itl_ms`` on the
+        rest), so a client can keep the raw samples (``synchrony certify``).
+        """
+        policy = self._policy() or _level0_policy()
+        speech_end = self.clock.wall_of(speech_end_pts)
+        pacer = self.make_pacer(policy) if self.make_pacer else None
+        request = time.monotonic()  # the responder's request goes out with the first pull below
+        since = speech_end if speech_end is not None else request
+
+        async def released() -> AsyncIterator[str]:
+            async for raw in self.responder.tokens(text, policy):
+                if gate is not None and not gate.is_set():
+                    await gate.wait()
+                self._pacer = pacer  # the answer now being shown follows load changes
+                yield raw
+
+        try:
+            first = True
+            async for tok in (pacer or TokenPacer(policy)).pace(released()):
+                timing = None
+                if self.lst is not None:
+                    if first:  # only now: an answer still streaming before this one keeps its own ITLs
+                        self.lst.begin_response(request, speech_end)
+                    timing = self.lst.token(tok.emitted)
+                    self.observer.response_token(timing)
+                first = False
+                self.host.emit(ResponseEvent(utterance, tok.index, tok.text, (tok.emitted - since) * 1000, timing))
+            if self.lst is not None and not first:
+                self.lst.response_end()
+                self.host.emit(LSTEvent(self.lst.snapshot()))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self.host.fail_stage(Stage.RESPONSE, exc)
+        finally:
+            if self._pacer is pacer:
+                self._pacer = None
+
+
+def _level0_policy() -> TokenRatePolicy:
+    """The policy before the controller has spoken (or without one): level 0's."""
+    from models.controller import policy_for_level  # torch: loaded by warm-up, not by importing the server
+
+    return policy_for_level(0)
