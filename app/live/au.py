@@ -95,8 +95,10 @@ class FaceAnalysis:
 
     def start(self) -> None:
         """Start the worker (once, and only with a face stage)."""
-        if self._stages.make_faces is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=f"au-{self.host.id}", daemon=True)
+        make_faces = self._stages.make_faces
+        if make_faces is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._work, args=(make_faces,), name=f"au-{self.host.id}",
+                                            daemon=True)
             self._thread.start()
 
     def offer(self, t: float, frame: av.VideoFrame, arrival: float) -> None:
@@ -115,6 +117,11 @@ class FaceAnalysis:
     async def join(self, timeout_s: float = 3.0) -> None:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, timeout_s)
+
+    @property
+    def frame_waiting(self) -> bool:
+        """A camera frame is in the mailbox, not yet taken by the worker."""
+        return self._slot is not None
 
     def forget_frame(self) -> None:
         self._slot = None
@@ -152,11 +159,11 @@ class FaceAnalysis:
     def _fail(self, stage: Stage, exc: BaseException) -> None:
         self.host.loop.call_soon_threadsafe(self.host.fail_stage, stage, exc)
 
-    def _open(self) -> tuple[FaceExtractor, Controller | None] | None:
+    def _open(self, make_faces: Callable[[], FaceExtractor]) -> tuple[FaceExtractor, Controller | None] | None:
         lower_thread_priority(self.config.au_nice)  # before make_faces, so MediaPipe's threads inherit it
         name_native_thread("au-" + self.host.id[:8])  # ... and its name, so their CPU is counted as face analysis
         try:
-            faces = self._stages.make_faces()  # type: ignore[misc]
+            faces = make_faces()
             controller = self._stages.make_controller() if self._stages.make_controller else None
         except Exception as exc:  # noqa: BLE001
             self._fail(Stage.AU, exc)
@@ -168,15 +175,14 @@ class FaceAnalysis:
         with self._slot_cond:
             while self._slot is None and not self._stop.is_set():
                 self._slot_cond.wait(0.5)
-            if self._stop.is_set():
+            if self._stop.is_set() or self._slot is None:
                 return None
-            t, frame, _arrival = self._slot  # type: ignore[misc]
-            self._slot = None
+            (t, frame, _arrival), self._slot = self._slot, None
         return t, frame
 
-    def _work(self) -> None:
+    def _work(self, make_faces: Callable[[], FaceExtractor]) -> None:
         """Worker thread: latest camera frame → AUs → controller; results to the loop."""
-        opened = self._open()
+        opened = self._open(make_faces)
         if opened is None:
             return
         faces, controller = opened

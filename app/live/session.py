@@ -337,7 +337,7 @@ class Session:
                 if not self._closing:
                     self.spawn(self.close(f"{name} failed: {exc}"), Stage.CLOSE)
             else:
-                self.fail_stage(name, exc)  # type: ignore[arg-type]
+                self.fail_stage(name, exc)
 
 
 __all__ = ["Session", "SessionConfig", "Stages", "OutputTrack"]

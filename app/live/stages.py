@@ -76,7 +76,10 @@ class ASRStream(Protocol):
 
 
 class ASRWorker(Protocol):
+    """The ASR shared by every session (``models.asr.ASRWorker``)."""
+
     def open(self, session_id: str) -> ASRStream: ...
+    def set_step_s(self, step_s: float | None) -> None: ...
 
 
 class FaceExtractor(Protocol):

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import av
 import numpy as np
@@ -22,6 +23,8 @@ from alignment.types import AudioChunk, WordToken
 from app.live.events import SyncEvent
 from app.live.observe import SessionObserver
 from app.live.stages import ASRStream, OffsetEstimator, Stage, StageHost, Validator, attempt
+
+T = TypeVar("T")
 
 
 class Transcript:
@@ -129,24 +132,20 @@ class OffsetFeed:
 
     def audio(self, chunk: AudioChunk) -> None:
         if self.estimator is not None:
-            self._feed(lambda est: est.push_audio(chunk))
+            self._feed(self.estimator.push_audio, chunk)
 
     def visual(self, upto: float, mouth: float | None) -> None:
         """Every frame up to ``upto`` in pts order: flash scores for all, mouth openness for the
         frame the AU stage processed (frames it skipped carry none)."""
-        if self.estimator is None:
-            return
-        while self._flash_pending and self._flash_pending[0][0] <= upto + 1e-6:
+        while (est := self.estimator) is not None and self._flash_pending \
+                and self._flash_pending[0][0] <= upto + 1e-6:
             pts, flash = self._flash_pending.popleft()
             here = abs(pts - upto) <= 1e-6
-            obs = VisualObservation(pts, mouth if here else None, flash)
-            self._feed(lambda est, obs=obs: est.push_visual(obs))  # type: ignore[misc]
-            if self.estimator is None:
-                return
+            self._feed(est.push_visual, VisualObservation(pts, mouth if here else None, flash))
 
-    def _feed(self, push: Callable[[OffsetEstimator], None]) -> None:
+    def _feed(self, push: Callable[[T], None], item: T) -> None:
         try:
-            push(self.estimator)  # type: ignore[arg-type]
+            push(item)
         except Exception as exc:  # noqa: BLE001
             self.host.fail_stage(Stage.SYNC, exc)
             self.estimator = None
