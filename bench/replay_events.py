@@ -320,8 +320,21 @@ def replay_all(specs: tuple[ClipSpec, ...] = CLIPS, log: Callable[[str], None] =
 
 
 def dumps(data: dict[str, Any]) -> str:
-    """The canonical JSON text: pretty, stable (key order as emitted), newline-terminated."""
-    return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    """The canonical JSON text: stable (key order as emitted), one event per line so a changed event
+    is one changed line in a diff, newline-terminated."""
+    lines = ["{"]
+    for i, (name, clip) in enumerate(data.items()):
+        head = {k: v for k, v in clip.items() if k != "events"}
+        lines.append(f" {json.dumps(name)}: {{")
+        lines += [f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]
+        lines.append('  "events": [')
+        events = clip["events"]
+        lines += [f"   {json.dumps(e, ensure_ascii=False)}{',' if j < len(events) - 1 else ''}"
+                  for j, e in enumerate(events)]
+        lines.append("  ]")
+        lines.append(" }" + ("," if i < len(data) - 1 else ""))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 def digest(text: str) -> str:
