@@ -22,7 +22,13 @@ How it is made deterministic (media time, not wall clock):
 * the output video track is not pulled (no peer): ``output.next_index`` stays 0, so every token is
   placed on its ideal frames and ``late`` is always false — the late path is not covered here;
 * the stream is cut when the clip's last frame has been handled and the last answer has finished;
-  what the session emits while closing is not part of it.
+  what the session emits while closing is not part of it;
+* the three clips run at once, one session each, on one event loop (each gated on its own state
+  only, so that changes no event; their waits overlap). Stages are warmed by the server's own
+  ``warm_up(ServerConfig(ui=False), ...)``, every default stage, so ``hello`` lists nothing missing.
+
+Determinism is shown by tests/test_replay_events.py (one clip twice in one process, no golden file:
+another CPU may decode other floats) and by ``--write`` then ``--check`` twice.
 
 What is compared: every event, in order, key order included, floats as emitted — except the wall
 clock measurements named in ``WALL_CLOCK_FIELDS``, whose values become ``"~"`` (key kept, in place).
