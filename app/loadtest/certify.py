@@ -159,7 +159,7 @@ async def run_scenario(url: str, workload: Workload, netem: str, loops: int, see
 async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every responder × scenario; returns the header and the samples (raises ValueError on no server)."""
     from app.loadtest.llm_standin import StandInLLM
-    from app.loadtest.rounds import SpawnedServer
+    from app.loadtest.spawn import SpawnedServer
 
     workload = await asyncio.to_thread(workload_clip, WORKLOADS[args.workload])
     samples: list[dict[str, Any]] = []
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from app.loadtest.netem import parse_profile
-    from app.loadtest.rounds import check_loopback_url
+    from app.loadtest.spawn import check_loopback_url
 
     args = build_parser().parse_args(argv)
     args.argv = list(argv)
