@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def machine_info() -> dict[str, Any]:
+    """The machine the report was made on (cores, load, memory), so its figures can be read for what they are."""
     import platform
 
     import psutil

@@ -34,6 +34,7 @@ def check_loopback_url(url: str) -> str:
 
 
 def base_url(whip_url: str) -> str:
+    """The server's root (scheme://host:port): where ``/readyz`` and ``/metrics`` live beside ``/whip``."""
     parts = urlsplit(whip_url)
     return f"{parts.scheme}://{parts.netloc}"
 
