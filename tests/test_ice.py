@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import aioice
 import aioice.ice
 import aioice.stun
+import pytest
 from aiortc import RTCPeerConnection
 
 import app.live.webrtc
@@ -99,3 +101,14 @@ async def test_consent_tolerates_late_answers_and_still_expires_without_any(monk
         await b.close()
     finally:
         patient_consent(False)
+
+
+def test_webrtc_patches_refuse_unpinned_versions():
+    """The patches read aiortc/aioice internals: other versions fail loudly, naming the pins."""
+    from app.live.webrtc import PINNED, check_versions
+
+    check_versions()  # the installed versions are the pinned ones
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert all(f'"{name}=={version}"' in pyproject for name, version in PINNED.items())
+    with pytest.raises(ImportError, match=r"aiortc==0\.0\.1"):
+        check_versions({**PINNED, "aiortc": "0.0.1"})
