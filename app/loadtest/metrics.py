@@ -13,7 +13,6 @@ server clock; matching tokens to truth words estimates that lag (``clock_lag_s``
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from alignment.rounding import ms_or_none as _ms
 from alignment.sync import FLAG_THRESHOLD_MS
+from alignment.text import dictionary_form as normalise  # how token text is compared to the script
 from alignment.types import SAMPLE_RATE
 
 
@@ -46,11 +47,6 @@ class ClipTruth:
     @property
     def utterance_end(self) -> float:
         return self.words[-1].end if self.words else 0.0
-
-
-def normalise(word: str) -> str:
-    """Lower case, letters and digits only: how token text is compared to the script."""
-    return re.sub(r"[^a-z0-9']", "", word.lower()).strip("'")
 
 
 def word_ends(samples: np.ndarray, starts: Sequence[float], rel_threshold: float = 0.03) -> list[float]:
@@ -303,10 +299,6 @@ def flash_lags(
                 out.append(seen[j] - click)
                 j += 1
     return out
-
-
-def _ms(x: float | None) -> float | None:
-    return None if x is None else round(x * 1000.0, 1)
 
 
 def _round(x: float | None) -> float | None:

@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from alignment.lst import judge_samples, tier_rank
+from alignment.rounding import ms_or_none as _ms
+from alignment.rounding import round_or_none as _r
 from app.loadtest import metrics as lm
 
 log = logging.getLogger("synchrony.loadtest")
@@ -428,10 +430,6 @@ def peer_figures(peer: Any, truth: lm.ClipTruth, t0: float, t_end: float, cfg: R
     }
 
 
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
-
-
 # --- worker processes ---------------------------------------------------------------------------
 
 def _worker_main(worker: int, specs: list[PeerSpec], cfg: RoundConfig, out: Any) -> None:
@@ -683,10 +681,6 @@ def aggregate(results: list[dict[str, Any]], min_recall: float = RECALL_BOUND,
                                [r.get("lst_itl_ms", []) for r in results])
     agg["bounds"] = check_bounds(agg, min_recall, allow_refusals, require_lst)
     return agg
-
-
-def _ms(x: float | None) -> float | None:
-    return None if x is None else round(x * 1000.0, 1)
 
 
 def latency_windows(points: list[tuple[float, float]], window_s: float = 3.0) -> list[list[float | int | None]]:
