@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from whisper.model import Whisper
 
 from alignment.text import agreement_key
 from alignment.types import SAMPLE_RATE
@@ -90,7 +91,7 @@ class WhisperEngine:
 
     Decoding is a small greedy loop over :class:`models.whisper_decoder.DecoderPass` (plain tensor
     ops, a preallocated key/value cache) rather than ``whisper.decode`` so the per-call set-up
-    (~0.2 s of tokenizer work) is paid once, a one-token step costs no module or hook overhead,
+    (tokenizer work) is paid once, a one-token step costs no module or hook overhead,
     the committed prefix is fed in one forward pass, only the positions that are sampled are
     projected onto the vocabulary, and the word DTW reuses the cross-attention of the decode
     itself (no second decoder pass).
@@ -99,22 +100,22 @@ class WhisperEngine:
     name = "whisper"
 
     def __init__(
-        self, model=None, context_pad_s: float = CONTEXT_PAD_S, threads: int = 1,  # noqa: ANN001
+        self, model: Whisper | None = None, context_pad_s: float = CONTEXT_PAD_S, threads: int = 1,
         int8: bool = False,
     ) -> None:
         import whisper.timing  # noqa: F401 - imports numba, which resets this thread's torch threads
         import whisper.tokenizer
 
         # torch's intra-op thread count is per calling thread (OpenMP), so this binds only the
-        # threads that decode. One thread: on 2 shared cores under load, 2 threads measured ~10x
-        # slower per decode (barrier waits), and the worker serialises decodes anyway.
+        # threads that decode. One thread: on shared cores more threads mostly wait at barriers,
+        # and the worker serialises decodes anyway (docs/asr-measurements.md).
         self.threads = threads
 
         self.model = model if model is not None else load_whisper()
         self.lock = model_lock(self.model)
-        # Streaming re-decodes its window every step: int8 Linear layers halve the encoder's cost
-        # and a one-token decoder step's (3.7 -> 1.7 ms); WER moved within its noise on 1,480
-        # held-out words (bench/asr_stream.py --held-out). Offline keeps the exact fp32 model.
+        # Streaming re-decodes its window every step: int8 Linear layers cut the encoder's and a
+        # decoder step's cost without a WER change beyond noise (docs/asr-measurements.md).
+        # Offline keeps the exact fp32 model.
         self.int8 = int8
         self.encoder = (int8_copy(self.model.encoder) if int8 else None) or self.model.encoder
         # Only the blocks: a copy of the whole decoder would duplicate the 80 MB token embedding.
@@ -174,7 +175,7 @@ class WhisperEngine:
         return words[:n_keep]
 
     def _approx_logits(self, row: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits of one hidden state from an int8 copy of the embedding (~10x cheaper).
+        """Vocabulary logits of one hidden state from an int8 copy of the embedding (much cheaper).
 
         The fp32 projection reads 80 MB of weights per sampled token; :meth:`_pick` re-scores
         the best candidates exactly, so greedy choices do not depend on the int8 error. Rows are
@@ -343,7 +344,7 @@ _ENGINES: dict[tuple[str, int, bool], Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def get_engine(engine: str | Engine = "whisper", model=None, int8: bool = False) -> Engine:  # noqa: ANN001
+def get_engine(engine: str | Engine = "whisper", model: Whisper | None = None, int8: bool = False) -> Engine:
     """An engine by name (``"whisper"``), one instance per process, model and precision; an
     :class:`Engine` instance is returned as it is."""
     if not isinstance(engine, str):

@@ -8,6 +8,7 @@ Silero VAD cuts utterances and each is decoded on its own with an audio context 
 from __future__ import annotations
 
 import numpy as np
+from whisper.model import Whisper
 
 from alignment.timing import end_by_next_start, refine_word_times
 from alignment.types import SAMPLE_RATE, WordToken
@@ -18,7 +19,7 @@ from models.vad import VADConfig, speech_segments
 def transcribe_words(
     audio: np.ndarray,
     t0: float = 0.0,
-    model=None,  # noqa: ANN001 - an openai-whisper model; default: load_whisper()
+    model: Whisper | None = None,  # default: load_whisper()
     refine: bool = True,
     engine: str | Engine = "whisper",
     pad_s: float = 0.2,

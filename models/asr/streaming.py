@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 import numpy as np
+from whisper.model import Whisper
 
 from alignment.text import without_punctuation
 from alignment.timing import end_by_next_start, refine_word_times
@@ -92,12 +93,11 @@ class StreamingConfig:
     An utterance that follows within ``carry_gap_s`` starts its window on the last ``carry_s``
     of the previous one's final words (their audio before the pre-roll, the pause cut out; their
     text forced as the prefix): the context offline decoding has. Without it tiny.en garbled
-    utterance starts (streaming WER 18.5 / 24.2 % vs 16.2 / 16.1 % offline on two 8-session
-    sets; with it 15.9 / 15.2 %), and that is what lets ``step_s`` be 0.15 s, ``min_commit_s``
-    0.3 s and ``guard_prob`` 0.5. Forced through the carried words, tiny.en tends to end the text
-    for the first decodes of the new speech, so once ``expect_after_s`` of it is heard the decode
-    may not end before a new word: the first word agrees a step sooner (bench/asr_stream.py
-    --held-out, two voice sets: floor p95 -14 / -39 ms, WER gap -0.1 / -0.4 points).
+    utterance starts, and that context is what lets ``step_s``, ``min_commit_s`` and
+    ``guard_prob`` be as low as they are. Forced through the carried words, tiny.en tends to end
+    the text for the first decodes of the new speech, so once ``expect_after_s`` of it is heard
+    the decode may not end before a new word: the first word agrees a step sooner. The figures
+    behind these defaults are in docs/asr-measurements.md.
     """
 
     step_s: float = 0.15  # re-decode after this much new speech audio
@@ -142,7 +142,7 @@ class StreamingASR:
         self,
         engine: str | Engine = "whisper",
         config: StreamingConfig | None = None,
-        model=None,  # noqa: ANN001
+        model: Whisper | None = None,
     ) -> None:
         self.config = config or StreamingConfig()
         self.engine = get_engine(engine, model, int8=self.config.int8)
@@ -434,9 +434,8 @@ class StreamingASR:
         tiny.en ends the text right after a forced carried prefix when the new speech repeats
         it (a looped test sentence, a user saying the same thing twice); each decode would then
         need the unprefixed fallback, so the carry goes for the rest of the utterance as soon as
-        two final words repeat two carried ones, or a fallback starts with carried words. (Dropped
-        on every fallback instead, it cost 2-4 points of WER on ordinary speech.) Returns the
-        shift of window times.
+        two final words repeat two carried ones, or a fallback starts with carried words (dropped on
+        every fallback instead, it cost WER on ordinary speech). Returns the shift of window times.
         """
         shift = self._lead
         self._committed = [replace(w, start=w.start - shift, end=w.end - shift)
@@ -477,9 +476,7 @@ def _heard_words(final: list[DecodedWord], pending: list[DecodedWord], speech_en
     in (under 0.1 s a word between the first copy's end and ``speech_end``). tiny.en, forced
     through the final words and then hearing silence, sometimes says them again (``... Sundays and
     holidays`` + ``and holidays.``) or adds a word at p < 0.2; a speaker who repeats a phrase has
-    the audio for it. In two 32-session runs (2,318 reference words) these rules dropped 13
-    words: 12 never spoken (`` building``, `` land``, `` and`` after ``... and holidays``) and one
-    spoken (`` paper`` at p 0.13).
+    the audio for it. What these rules dropped when they were chosen: docs/asr-measurements.md.
     """
     kept = [w for w in pending if w.start < speech_end]
     while kept and kept[-1].probability < min_prob:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 import numpy as np
+from whisper.model import Whisper
 
 from alignment.espeak import EspeakUnavailable, synthesize_speech
 from alignment.types import SAMPLE_RATE, AudioChunk
@@ -193,7 +194,7 @@ class ASRWorker:
         max_events: int = 512,
         max_streams: int = 64,
         max_chunks_per_turn: int = 10_000,
-        model=None,  # noqa: ANN001
+        model: Whisper | None = None,
         autostart: bool = True,
         lanes: int = 1,
     ) -> None:
@@ -297,8 +298,8 @@ class ASRWorker:
 
     def _next(self) -> tuple[ASRStream, list[AudioChunk], bool] | None:
         """Earliest deadline first: the free session whose audio (or close) has waited longest,
-        ties in round-robin order (under the lock). Against plain round-robin this cut the
-        4-stream p95 on one core from ~2.2 s to ~1.5 s (bench/asr_stream.py, CPU clock)."""
+        ties in round-robin order (under the lock): the session that has waited longest is the one
+        whose words are latest, which plain round-robin ignores."""
         best: ASRStream | None = None
         for sid in self._order:
             s = self._streams[sid]
