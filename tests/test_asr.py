@@ -301,8 +301,7 @@ def test_next_utterance_starts_from_the_last_words_without_repeating_them(whispe
         prefixes.append((asr._utt, [agreement_key(w) for w in prefix]))
         return transcribe(audio, prefix=prefix, prompt=prompt, draft=draft, expect_words=expect_words)
 
-    asr.engine = type("Recording", (), {"name": "whisper", "forces_prefix": True,
-                                        "transcribe": staticmethod(recording)})()
+    asr.engine = type("Recording", (), {"name": "whisper", "transcribe": staticmethod(recording)})()
     events = [e for c in _chunks(audio) for e in asr.feed(c)] + asr.flush()
     carried = next(words for utt, words in prefixes if utt == 1)  # at the second utterance's first decode
     if pause_s == 0.7:
@@ -368,7 +367,6 @@ class _ScriptedEngine:
     end (as Whisper's words do). Not a model: it isolates the finalisation policy's timing."""
 
     name = "scripted"
-    forces_prefix = True
     WORDS = ((" I", 0.30, 0.45, 0.95), (" sent", 0.45, 0.80, 0.30), (" it", 0.80, 0.95, 0.95),
              (" today", 0.95, 1.40, 0.95))
 

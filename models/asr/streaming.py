@@ -136,6 +136,9 @@ class StreamingASR:
     WordTokens (``final=False``; a later token with the same ``utterance`` and ``index`` replaces
     it; interims past the last index of a later hypothesis are stale), final WordTokens (never
     change), and :class:`UtteranceEnd` after each utterance's finals.
+
+    ``_on_audio`` / ``_heard`` / ``flush`` (the VAD gate) and ``_after_prefix`` (the forced prefix)
+    are the seams bench/asr_engines.py's baseline overrides to compare with the usual recipe.
     """
 
     def __init__(
