@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 
-def round_or_none(x: float | None, ndigits: int = 3) -> float | None:
-    """``x`` rounded to ``ndigits``; None stays None."""
-    return None if x is None else round(x, ndigits)
+def round_or_none(x: float | None, digits: int) -> float | None:
+    """``round(x, digits)``, letting None (no figure) through."""
+    return None if x is None else round(x, digits)
 
 
-def ms_or_none(seconds: float | None) -> float | None:
-    """Seconds as milliseconds to 0.1 ms; None stays None."""
-    return None if seconds is None else round(seconds * 1000.0, 1)
+def to_ms(x: float | None) -> float | None:
+    """Seconds as milliseconds to 0.1 ms (None stays None): how every latency in a report is written."""
+    return None if x is None else round(x * 1000.0, 1)

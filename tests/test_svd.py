@@ -132,7 +132,8 @@ def test_conditioning_follows_speech_mouth_and_load(speech):
 
 
 def test_bad_settings_and_inputs_are_clear(svd_dir, tiny_pipe, tmp_path):
-    from models.svd import SVDRenderer, SVDSettings
+    from models.svd import SVDRenderer
+    from models.svd_conditioning import SVDSettings
 
     with pytest.raises(ValueError, match="motion_min"):
         SVDSettings(motion_min=200, motion_max=100)
