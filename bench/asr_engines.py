@@ -16,8 +16,7 @@ import numpy as np
 
 from alignment.text import agreement_key
 from alignment.types import SAMPLE_RATE
-from models.asr import DecodedWord, StreamingASR
-from models.asr.streaming import ASREvent
+from models.asr import ASREvent, DecodedWord, StreamingASR
 from models.vad import VADEvent
 from models.whisper_loader import bundled_model_dir
 
