@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from app.cluster.aggregate import merge_lst, merge_metrics
 from app.cluster.placement import LOST, READY, NodeView, placement_order
 from app.cluster.registry import NodeRegistry, RegistryConfig
-from app.live.server import OfferRefused, allow_cross_origin, read_offer
+from app.live.offer import OfferRefused, allow_cross_origin, read_offer
 
 log = logging.getLogger("synchrony.cluster")
 
