@@ -20,8 +20,9 @@ log = logging.getLogger("synchrony")
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from app.offline.analyze import AnalyzeOptions, analyze, summary
+    from app.offline.analyze import AnalyzeOptions, analyze
     from app.offline.media_io import MediaError
+    from app.offline.report import summary
     from models.video import RendererUnavailable
 
     options = AnalyzeOptions(

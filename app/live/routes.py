@@ -156,14 +156,14 @@ class LiveServer:
         session = self.sessions.get(session_id)
         return session if session is not None else self.refuse(404, "no such session")
 
-    # --- routes -----------------------------------------------------------------------------------
+    # --- routes (no docstrings: FastAPI would publish them in /openapi.json) -------------------------
 
     async def internal_error(self, _: Request, exc: Exception) -> Response:
         log.exception("internal error", exc_info=exc)
         return PlainTextResponse("internal server error\n", status_code=500)
 
+    # POST /whip: a WHIP offer in, a session and its SDP answer out (201, ``Location``).
     async def whip_offer(self, request: Request) -> Response:
-        """POST /whip: a WHIP offer in, a session and its SDP answer out (201, ``Location``)."""
         refused = self.gate(request)
         if refused is not None:
             return refused
@@ -205,21 +205,21 @@ class LiveServer:
             return self.refuse(400, f"cannot use this SDP offer: {why[:200]}")
         return None
 
+    # DELETE /whip/<session>: end it.
     async def whip_delete(self, session_id: str, request: Request) -> Response:
-        """DELETE /whip/<session>: end it."""
         session = self.session_for(session_id, request)
         if isinstance(session, Response):
             return session
         await session.close("client DELETE")
         return Response(status_code=200)
 
+    # GET /whip/<session>: its summary.
     async def whip_status(self, session_id: str, request: Request) -> Response:
-        """GET /whip/<session>: its summary."""
         session = self.session_for(session_id, request)
         return session if isinstance(session, Response) else JSONResponse(session.summary())
 
+    # PATCH /whip/<session>: no trickle ICE.
     async def whip_patch(self, session_id: str) -> Response:
-        """PATCH /whip/<session>: no trickle ICE."""
         return PlainTextResponse("trickle ICE is not supported; send a complete offer\n", status_code=405,
                                  headers={"Allow": "DELETE"})
 
