@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_SDP_BYTES = 64 * 1024
-#: CPU (cores) of one full-pipeline session with the load test's clip on a 2-core machine, measured by
-#: ``bench/capacity.py`` (BENCHMARKS.md: 0.75–0.88 in the rounds that held their bounds; the higher
-#: one, so a fresh server errs towards refusing): the admission estimate until it has measured its own.
+#: CPU (cores) of one full-pipeline session with the load test's clip on a 2-core machine, as
+#: ``bench/capacity.py`` measures it (the high end of its rounds, so a fresh server errs towards
+#: refusing): the admission estimate until the server has measured its own.
 SESSION_COST_CORES = 0.88
 
 
@@ -27,7 +27,7 @@ class ServerConfig:
     output_delay_s: float = 1.5  # > final-word latency p95 (bench/asr_stream.py), so captions land on their frames
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
-    asr_lanes: int = 2  # decode threads sharing the sessions (2 cores: 4-stream p95 about halves vs 1)
+    asr_lanes: int = 2  # decode threads sharing the sessions (one per core: decodes of different sessions overlap)
     # "measured": admit as many as the measured CPU per session allows (``synchrony serve``'s default);
     # "fixed": max_sessions (in-process test servers, whose CPU includes their own test peers)
     admission: str = "fixed"

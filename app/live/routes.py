@@ -120,7 +120,7 @@ class LiveServer:
             self.metrics.sessions.set(len(self.sessions))
             label = reason.split(":", 1)[0].split(" (", 1)[0]
             self.metrics.sessions_ended.labels(label).inc()
-            # Free the session's cyclic garbage and trim the heap (RSS grew ~10 MB per session otherwise).
+            # Free the session's cyclic garbage and trim the heap (otherwise RSS grows with every session).
             loop = asyncio.get_running_loop()
             loop.call_later(0.5, _reclaim_soon, loop)
 
