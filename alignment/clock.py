@@ -10,10 +10,14 @@ mappings put them on one timeline:
   ``ntp(rtp) = sr_ntp + (rtp - sr_rtp) / rate`` puts every track on the sender's capture clock
   (``sender`` mode) — this is what makes audio and video agree (lip sync).
 
-Zero is the pts of the first media the session received (whichever track came first). When the
-first SR arrives, the sender-clock offset is chosen so that track's time stays continuous; later
-tracks then join the same sender clock, which may move them by the network skew they arrived with
-(a one-off step, counted in ``steps``).
+Zero is the pts of the first media the session received (whichever track came first). The
+reference track (audio: word times are what the product promises, and audio's encoder adds almost
+no delay) keeps the time its first packet's arrival gave it: the sender-clock offset is chosen so
+that it stays continuous, and the other tracks join it on the sender clock. Until the reference
+track has an SR, the first track that has one holds the offset; when the reference's SR comes, or
+the reference adopts a less-delayed one, the others move onto it (a step, counted in ``steps``).
+Anchoring on whichever SR came first instead let video's encode delay and its late-stamped SRs
+shift every audio time by tens of ms from one session to the next.
 
 Pure arithmetic, no I/O: the server feeds it arrival times and SRs, tests feed it numbers.
 """
@@ -96,16 +100,13 @@ class TrackClock:
         offset = report.ntp - rtp_diff(report.rtp, self.origin) / self.rate
         if self.sender_offset is not None and offset >= self.sender_offset:
             return
-        before = self.time(self.last_pts_seen, None) if self.last_time is not None else None
+        before = self.session.current_times()
         self.sender_offset = offset
         self.sr = report
-        if self.session.ntp_zero is None:
+        if self.session.ntp_zero is None or self.name == self.session.reference:
             # Keep this track continuous: its first frame keeps the session time it had.
             self.session.ntp_zero = self._ntp(self.first_pts) - self._arrival_time(self.first_pts)
-        if before is not None:
-            after = self.time(self.last_pts_seen, None)
-            if abs(after - before) > 1e-3:
-                self.session.steps += 1
+        self.session.count_steps(before)
 
     def time(self, pts: int, arrival: float | None) -> float:
         """Session seconds of the frame whose aiortc pts (RTP units from the first packet) is ``pts``.
@@ -121,12 +122,14 @@ class TrackClock:
         self.last_pts_seen = pts
         if self._pending_sr is not None and self.origin is not None:
             self.on_sender_report(self._pending_sr)
-        if self.mode == "sender" and self.origin is not None:
-            t = self._ntp(pts) - self.session.ntp_zero  # type: ignore[operator]
-        else:
-            t = self._arrival_time(pts)
-        self.last_time = t
+        t = self.last_time = self.map(pts)
         return t
+
+    def map(self, pts: int) -> float:
+        """Session seconds of ``pts`` under the mapping in force now (no side effects)."""
+        if self.mode == "sender" and self.origin is not None:
+            return self._ntp(pts) - self.session.ntp_zero  # type: ignore[operator]
+        return self._arrival_time(pts)
 
     def _arrival_time(self, pts: int) -> float:
         assert self.first_arrival is not None and self.first_pts is not None
@@ -142,7 +145,8 @@ class TrackClock:
 class SessionClock:
     """Maps every track of one session onto seconds since the first media received."""
 
-    def __init__(self) -> None:
+    def __init__(self, reference: str = "audio") -> None:
+        self.reference = reference  # the track whose arrival-anchored time the others join
         self.zero_wall: float | None = None  # arrival wall time of the first media
         self.ntp_zero: float | None = None  # sender NTP seconds at session time zero
         self.steps = 0  # times a track's mapping moved by > 1 ms when an SR arrived
@@ -165,6 +169,15 @@ class SessionClock:
 
     def modes(self) -> dict[str, str]:
         return {name: c.mode for name, c in self._tracks.items()}
+
+    def current_times(self) -> dict[str, float]:
+        """Each track's time for the last pts it saw, under the mapping in force now."""
+        return {name: c.map(c.last_pts_seen) for name, c in self._tracks.items() if c.last_time is not None}
+
+    def count_steps(self, before: dict[str, float]) -> None:
+        """Count the tracks a new mapping moved by more than 1 ms."""
+        after = self.current_times()
+        self.steps += sum(abs(after[name] - t) > 1e-3 for name, t in before.items() if name in after)
 
     def _first_media(self, arrival: float) -> None:
         if self.zero_wall is None:

@@ -95,7 +95,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _loadtest(argv: list[str]) -> int:
-    from app.loadtest.rounds import main as loadtest_main
+    from app.loadtest.cli import main as loadtest_main
 
     return loadtest_main(argv)
 

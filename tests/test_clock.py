@@ -47,13 +47,33 @@ def test_sender_reports_put_tracks_on_one_timeline():
     audio.time(0, arrival=10.045)  # network skew: audio path 45 ms slower
     sender_t0 = 5000.0  # sender NTP seconds when both first frames were captured
     video.on_sender_report(SenderReport(ntp=sender_t0 + 1.0, rtp=(v0 + 90_000) % (1 << 32)))
+    assert video.time(0, None) == pytest.approx(0.0)  # until audio's SR, the first SR's track holds
     audio.on_sender_report(SenderReport(ntp=sender_t0 + 1.0, rtp=(a0 + 48_000) % (1 << 32)))
     assert clock.modes() == {"video": "sender", "audio": "sender"}
-    # Video stays continuous (the first SR anchors there); audio moves onto the sender clock.
-    assert video.time(0, None) == pytest.approx(0.0)
-    assert audio.time(0, None) == pytest.approx(0.0, abs=1e-9)
+    # Audio, the reference, keeps the time its arrival gave it; video joins it on the sender clock.
+    assert audio.time(0, None) == pytest.approx(0.045)
+    assert video.time(0, None) == pytest.approx(0.045)
     assert audio.time(48_000 * 2, None) == pytest.approx(video.time(90_000 * 2, None))
-    assert clock.steps == 1
+    assert clock.steps == 1  # video moved once
+
+
+def test_a_late_stamped_video_report_does_not_move_audio():
+    """Video's SR comes first, stamped 60 ms after capture (encode delay + send wait): the audio
+    times (what words are placed by) stay where audio's own arrival put them."""
+    clock = SessionClock()
+    video = clock.track("video", 90_000)
+    audio = clock.track("audio", 48_000)
+    video.set_origin(0)
+    audio.set_origin(0)
+    audio.time(0, arrival=20.001)  # both captured at sender 300.0; audio arrives 1 ms later
+    video.time(0, arrival=20.030)  # video after a 29 ms encode
+    audio_before = [audio.time(pts, None) for pts in (4_800, 48_000)]
+    video.on_sender_report(SenderReport(ntp=300.0 + 0.5 + 0.060, rtp=45_000))
+    audio.on_sender_report(SenderReport(ntp=300.0 + 1.0 + 0.002, rtp=48_000))
+    assert [audio.time(pts, None) for pts in (4_800, 48_000)] == pytest.approx(audio_before)
+    assert audio.mode == "sender"
+    # Video lands on audio's timeline up to its report's stamping delay, not its arrival delay.
+    assert video.time(0, None) == pytest.approx(0.058)
 
 
 def test_sender_report_before_first_frame_is_kept():

@@ -231,12 +231,12 @@ def ttft_and_itl(
     return {
         "utterances": len(groups),
         "ttft_ms": [round(x * 1000, 1) for x in ttft],
-        "ttft_ms_p50": _ms(quantile(ttft, 0.5)),
-        "ttft_ms_p99": _ms(quantile(ttft, 0.99)),
-        "itl_ms_p50": _ms(quantile(itl, 0.5)),
-        "itl_ms_max": _ms(max(itl) if itl else None),
-        "jitter_ms_max": _ms(max(sigmas) if sigmas else None),
-        "jitter_ms_p50": _ms(quantile(sigmas, 0.5)),
+        "ttft_ms_p50": to_ms(quantile(ttft, 0.5)),
+        "ttft_ms_p99": to_ms(quantile(ttft, 0.99)),
+        "itl_ms_p50": to_ms(quantile(itl, 0.5)),
+        "itl_ms_max": to_ms(max(itl) if itl else None),
+        "jitter_ms_max": to_ms(max(sigmas) if sigmas else None),
+        "jitter_ms_p50": to_ms(quantile(sigmas, 0.5)),
     }
 
 
@@ -267,9 +267,9 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "checks": n,
         "ok": ok,
         "pass_rate": round(ok / n, 4) if n else None,
-        "max_delta_ms_p50": _round(quantile(deltas, 0.5)),
-        "max_delta_ms_p95": _round(quantile(deltas, 0.95)),
-        "video_minus_audio_ms_p50": _round(offset),
+        "max_delta_ms_p50": round_or_none(quantile(deltas, 0.5), 2),
+        "max_delta_ms_p95": round_or_none(quantile(deltas, 0.95), 2),
+        "video_minus_audio_ms_p50": round_or_none(offset, 2),
         "evidence_checks": len(av),
         "evidence": evidence,
         # The validator's own offset policy: the evidence put the video more than 40 ms off the audio.
@@ -277,7 +277,7 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         # Words after silence checked against their acoustic onset (audio time vs the audio itself).
         "onset_checks": len(onset_err),
         "onset_failed": sum(not bool(s.get("ok")) for s in onset_checked),
-        "onset_error_ms_p50": _round(quantile(onset_err, 0.5)),
+        "onset_error_ms_p50": round_or_none(quantile(onset_err, 0.5), 2),
     }
 
 
@@ -305,12 +305,14 @@ def flash_lags(
     return out
 
 
-def _ms(x: float | None) -> float | None:
+def to_ms(x: float | None) -> float | None:
+    """Seconds as milliseconds to 0.1 ms (None stays None): how every latency in a report is written."""
     return None if x is None else round(x * 1000.0, 1)
 
 
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 2)
+def round_or_none(x: float | None, digits: int) -> float | None:
+    """``round(x, digits)``, letting None (no figure) through."""
+    return None if x is None else round(x, digits)
 
 
 def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> dict[str, Any]:
@@ -324,9 +326,9 @@ def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> 
         "matched": len(first),
         "recall": round(len(first) / len(ws), 4) if ws else None,
         "recall_text": round(by_text / len(ws), 4) if ws else None,
-        "latency_ms_p50": _ms(quantile(first, 0.5)),
-        "latency_ms_p95": _ms(quantile(first, 0.95)),
-        "latency_ms_max": _ms(max(first) if first else None),
-        "final_latency_ms_p50": _ms(quantile(final, 0.5)),
-        "final_latency_ms_p95": _ms(quantile(final, 0.95)),
+        "latency_ms_p50": to_ms(quantile(first, 0.5)),
+        "latency_ms_p95": to_ms(quantile(first, 0.95)),
+        "latency_ms_max": to_ms(max(first) if first else None),
+        "final_latency_ms_p50": to_ms(quantile(final, 0.5)),
+        "final_latency_ms_p95": to_ms(quantile(final, 0.95)),
     }
