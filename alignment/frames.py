@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from alignment.text import alnum_key
 from alignment.types import WordToken
 
 FPS = 16
@@ -74,7 +75,7 @@ def place_token(
     if next_frame is None:
         return TokenFrames(tok, ideal)
     if (previous is not None and previous.frames and previous.frames[0] < next_frame
-            and _norm(previous.token.text) == _norm(tok.text)):
+            and alnum_key(previous.token.text) == alnum_key(tok.text)):
         frames = previous.frames
     else:
         frames = tuple(k for k in ideal if k >= next_frame) or (next_frame,)
@@ -86,11 +87,6 @@ def attach_tokens(
 ) -> list[TokenFrames]:
     """Attach each token to the frames within tolerance of its start (offline: no frame sent yet)."""
     return [place_token(tok, n_frames=n_frames, fps=fps) for tok in tokens]
-
-
-def _norm(word: str) -> str:
-    """Case and punctuation aside, the same word (a revision that kept its text)."""
-    return "".join(ch for ch in word.lower() if ch.isalnum())
 
 
 def tokens_by_frame(attached: Iterable[TokenFrames]) -> dict[int, list[WordToken]]:

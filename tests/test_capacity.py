@@ -198,7 +198,6 @@ class _NullEngine:
     """An engine that hears nothing (the worker's scheduling is what is tested, not recognition)."""
 
     name = "null"
-    forces_prefix = False
 
     def transcribe(self, audio, prefix=(), prompt="", draft=(), expect_words=False):  # noqa: ANN001, ANN201
         return []

@@ -13,7 +13,6 @@ server clock; matching tokens to truth words estimates that lag (``clock_lag_s``
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from alignment.rounding import round_or_none, to_ms
 from alignment.sync import FLAG_THRESHOLD_MS
+from alignment.text import dictionary_form as normalise  # how token text is compared to the script
 from alignment.types import SAMPLE_RATE
 
 
@@ -46,11 +47,6 @@ class ClipTruth:
     @property
     def utterance_end(self) -> float:
         return self.words[-1].end if self.words else 0.0
-
-
-def normalise(word: str) -> str:
-    """Lower case, letters and digits only: how token text is compared to the script."""
-    return re.sub(r"[^a-z0-9']", "", word.lower()).strip("'")
 
 
 def word_ends(samples: np.ndarray, starts: Sequence[float], rel_threshold: float = 0.03) -> list[float]:
@@ -303,16 +299,6 @@ def flash_lags(
                 out.append(seen[j] - click)
                 j += 1
     return out
-
-
-def to_ms(x: float | None) -> float | None:
-    """Seconds as milliseconds to 0.1 ms (None stays None): how every latency in a report is written."""
-    return None if x is None else round(x * 1000.0, 1)
-
-
-def round_or_none(x: float | None, digits: int) -> float | None:
-    """``round(x, digits)``, letting None (no figure) through."""
-    return None if x is None else round(x, digits)
 
 
 def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> dict[str, Any]:
