@@ -12,6 +12,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q
 
 setup: $(STAMP)
@@ -35,6 +36,7 @@ $(STAMP): pyproject.toml | system
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done

@@ -8,26 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from alignment.frames import TokenFrames
 from alignment.sync import sync_event
 from alignment.types import AUSample, LoadEstimate, SyncCheck
-from app.live.stages import Stage
+from app.live.stages import Stage, Wire
 
 if TYPE_CHECKING:
     from alignment.lst import TokenTiming
 
 WIRE_VERSION = 1
-
-#: JSON values as the events carry them.
-Wire = dict[str, object]
-
-
-class WireEvent(Protocol):
-    type: str
-
-    def to_wire(self) -> Wire: ...
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,22 @@ if TYPE_CHECKING:
     from alignment.evidence import OffsetEstimate, VisualObservation
     from alignment.lst import LSTAggregate
     from alignment.pacing import PacedToken
-    from app.live.events import WireEvent
     from models.asr import UtteranceEnd
     from models.faces import FaceObservation
     from models.video import FrameRenderer
 
+
+
+#: JSON values as the wire events carry them.
+Wire = dict[str, object]
+
+
+class WireEvent(Protocol):
+    """A wire event (app.live.events has one per ``type``): what the session sends to the client."""
+
+    type: str
+
+    def to_wire(self) -> Wire: ...
 
 class Stage(StrEnum):
     """Every stage name in use; the values are today's strings (wire, CLI, metrics labels)."""
