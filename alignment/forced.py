@@ -14,7 +14,6 @@ A decoder is not thread-safe and costs ~20 MB, so each thread that aligns gets i
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from alignment.text import dictionary_form
 from alignment.types import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,6 @@ _ESPEAK_TO_ARPABET: dict[str, str] = {
     "w": "W", "j": "Y", "x": "K", "?": "T", "C": "HH",
 }
 _MNEMONICS = sorted(_ESPEAK_TO_ARPABET, key=len, reverse=True)
-_NON_WORD = re.compile(r"[^a-z0-9']+")
 
 
 @dataclass(frozen=True)
@@ -62,11 +61,6 @@ class AlignedWord:
 
     start: float
     end: float
-
-
-def normalize(word: str) -> str:
-    """The dictionary spelling of a recognised word: lower case, letters, digits and apostrophes."""
-    return _NON_WORD.sub("", word.lower()).strip("'")
 
 
 def espeak_arpabet(word: str) -> str:
@@ -129,7 +123,7 @@ class ForcedAligner:
 
     def _spell(self, word: str) -> str | None:
         """The dictionary entry to align ``word`` with (added from espeak-ng when CMUdict lacks it)."""
-        key = normalize(word)
+        key = dictionary_form(word)
         if not key:
             return None
         if self._decoder.lookup_word(key) is not None:

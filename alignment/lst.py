@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from alignment.rounding import round_or_none
+
 #: (name, TTFT p99 limit ms, jitter limit ms), best first.
 TIERS: tuple[tuple[str, float, float], ...] = (
     ("gold", 65.0, 3.0),
@@ -81,10 +83,6 @@ def worst_sigma(itls: Sequence[float], window: int = JITTER_WINDOW) -> float | N
     return float(np.std(windows, axis=1).max())
 
 
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
-
-
 def judge_samples(ttft_ms: Sequence[float], itl_ms_streams: Sequence[Sequence[float]]) -> dict:
     """The verdict on raw samples, by the meter's definitions: LST TTFT p99 over every response,
     worst σ8 over each stream's ITLs (one stream = one session's ITLs in emission order), tier."""
@@ -92,7 +90,8 @@ def judge_samples(ttft_ms: Sequence[float], itl_ms_streams: Sequence[Sequence[fl
     sigmas = [s for s in (worst_sigma(list(stream)) for stream in itl_ms_streams) if s is not None]
     jitter = max(sigmas) if sigmas else None
     itl_max = max((max(stream) for stream in itl_ms_streams if len(stream)), default=None)
-    return {"lst_version": LST_VERSION, "ttft_ms_p99": _r(p99), "jitter_ms": _r(jitter), "itl_ms_max": _r(itl_max),
+    return {"lst_version": LST_VERSION, "ttft_ms_p99": round_or_none(p99, 3), "jitter_ms": round_or_none(jitter, 3),
+            "itl_ms_max": round_or_none(itl_max, 3),
             "responses": len(ttft_ms), "intervals": sum(len(s) for s in itl_ms_streams),
             "tier": tier_for(p99, jitter)}
 
@@ -200,15 +199,15 @@ class LSTMeter:
             last_itl = self._itl_s[-1] * 1e3 if self._itl_s else None
             return {
                 "lst_version": LST_VERSION,
-                "ttft_ms_p99": _r(p99),
-                "ttft_ms_p50": _r(percentile(ttft, 50)),
-                "turn_ms_p50": _r(percentile(turn, 50)),
-                "turn_ms_p95": _r(percentile(turn, 95)),
-                "turn_ms_p99": _r(percentile(turn, 99)),
-                "itl_ms_max": _r(None if self._itl_max_s is None else self._itl_max_s * 1e3),
-                "itl_ms_last": _r(last_itl),
-                "jitter_ms": _r(jitter),
-                "jitter_ms_last8": _r(None if last8 is None else last8 * 1e3),
+                "ttft_ms_p99": round_or_none(p99, 3),
+                "ttft_ms_p50": round_or_none(percentile(ttft, 50), 3),
+                "turn_ms_p50": round_or_none(percentile(turn, 50), 3),
+                "turn_ms_p95": round_or_none(percentile(turn, 95), 3),
+                "turn_ms_p99": round_or_none(percentile(turn, 99), 3),
+                "itl_ms_max": round_or_none(None if self._itl_max_s is None else self._itl_max_s * 1e3, 3),
+                "itl_ms_last": round_or_none(last_itl, 3),
+                "jitter_ms": round_or_none(jitter, 3),
+                "jitter_ms_last8": round_or_none(None if last8 is None else last8 * 1e3, 3),
                 "tier": tier_for(p99, jitter),
                 "tokens": self.tokens,
                 "responses": self.responses,
@@ -280,14 +279,14 @@ class LSTAggregate:
         worst_jitter = max(jitters) if jitters else None
         return {
             "lst_version": LST_VERSION,
-            "ttft_ms_p99": _r(p99),
-            "ttft_ms_p50": _r(percentile(ttfts, 50)),
-            "turn_ms_p50": _r(percentile(turns, 50)),
-            "turn_ms_p95": _r(percentile(turns, 95)),
-            "turn_ms_p99": _r(percentile(turns, 99)),
-            "itl_ms_max": _r(itl_max),
-            "jitter_ms": _r(worst_jitter),
-            "jitter_ms_mean": _r(float(np.mean(live_jitters)) if live_jitters else None),
+            "ttft_ms_p99": round_or_none(p99, 3),
+            "ttft_ms_p50": round_or_none(percentile(ttfts, 50), 3),
+            "turn_ms_p50": round_or_none(percentile(turns, 50), 3),
+            "turn_ms_p95": round_or_none(percentile(turns, 95), 3),
+            "turn_ms_p99": round_or_none(percentile(turns, 99), 3),
+            "itl_ms_max": round_or_none(itl_max, 3),
+            "jitter_ms": round_or_none(worst_jitter, 3),
+            "jitter_ms_mean": round_or_none(float(np.mean(live_jitters)) if live_jitters else None, 3),
             "tier": tier_for(p99, worst_jitter),
             "sessions": len(meters),
             "closed_sessions": retired,

@@ -12,16 +12,17 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
+from app.live.config import ServerConfig
 from app.offline.analyze import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
 
 log = logging.getLogger("synchrony")
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from app.offline.analyze import AnalyzeOptions, analyze, summary
+    from app.offline.analyze import AnalyzeOptions, analyze
     from app.offline.media_io import MediaError
+    from app.offline.report import summary
     from models.video import RendererUnavailable
 
     options = AnalyzeOptions(
@@ -43,10 +44,8 @@ def _analyze(args: argparse.Namespace) -> int:
     return code
 
 
-def _server_config(args: argparse.Namespace, ui: bool = True) -> Any:
+def _server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
     """The ``ServerConfig`` that ``serve`` runs, and that ``cluster`` runs on every node."""
-    from app.live.server import ServerConfig
-
     return ServerConfig(
         max_sessions=args.max_sessions,
         video_backend=args.video_backend,
@@ -96,7 +95,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _loadtest(argv: list[str]) -> int:
-    from app.loadtest.rounds import main as loadtest_main
+    from app.loadtest.cli import main as loadtest_main
 
     return loadtest_main(argv)
 

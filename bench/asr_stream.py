@@ -40,19 +40,24 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
-from app.loadtest import testmedia
-from app.loadtest.metrics import TruthWord
-from models.asr import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from alignment.text import agreement_key  # noqa: E402
+from alignment.types import SAMPLE_RATE, AudioChunk, WordToken  # noqa: E402
+from app.loadtest import testmedia  # noqa: E402
+from app.loadtest.metrics import TruthWord  # noqa: E402
+from bench.asr_engines import BaselineStreamingASR, faster_whisper_engine  # noqa: E402
+from models.asr import (  # noqa: E402
     ASRWorker,
+    Engine,
     StreamingASR,
     StreamingConfig,
     UtteranceEnd,
     join_chunks,
-    normalize_word,
     transcribe_words,
 )
 
@@ -148,8 +153,8 @@ def chunks(audio: np.ndarray) -> list[AudioChunk]:
 
 def wer(ref: list[str], hyp: list[str]) -> float:
     """Word error rate (edit distance / reference length) on normalised words."""
-    r = [normalize_word(w) for w in ref if normalize_word(w)]
-    h = [normalize_word(w) for w in hyp if normalize_word(w)]
+    r = [agreement_key(w) for w in ref if agreement_key(w)]
+    h = [agreement_key(w) for w in hyp if agreement_key(w)]
     d = np.arange(len(h) + 1)
     for i in range(1, len(r) + 1):
         prev, d[0] = d.copy(), i
@@ -160,8 +165,8 @@ def wer(ref: list[str], hyp: list[str]) -> float:
 
 def matched(session: Session, finals: list[tuple[float, WordToken]]) -> list[tuple[TruthWord, float, WordToken]]:
     """(spoken word, emit time, final token) for each final matched (in order) to a spoken word."""
-    ref = [normalize_word(w.text) for w in session.words]
-    hyp = [normalize_word(tok.text) for _, tok in finals]
+    ref = [agreement_key(w.text) for w in session.words]
+    hyp = [agreement_key(tok.text) for _, tok in finals]
     return [(session.words[block.a + i], *finals[block.b + i])
             for block in difflib.SequenceMatcher(a=ref, b=hyp, autojunk=False).get_matching_blocks()
             for i in range(block.size)]
@@ -185,7 +190,8 @@ class RunResult:
     onset_err: tuple[float, ...] = ()  # final word start - true start (s), matched words
 
 
-def run_simulated(sessions: list[Session], config: StreamingConfig, engine: str) -> RunResult:
+def run_simulated(sessions: list[Session], config: StreamingConfig, engine: str | Engine = "whisper",
+                  policy: type[StreamingASR] = StreamingASR) -> RunResult:
     """One stream at a time on computation-aware simulated clocks.
 
     Two clocks advance together: by the wall time of each ``feed`` (this machine, as loaded now)
@@ -196,7 +202,7 @@ def run_simulated(sessions: list[Session], config: StreamingConfig, engine: str)
     lat, lat_cpu, lat_zero, finals_text, compute, cpu, decodes = [], [], [], [], 0.0, 0.0, 0
     onset_err: list[float] = []
     for s in sessions:
-        asr = StreamingASR(engine, config)
+        asr = policy(engine, config)
         sim = sim_cpu = sim_zero = 0.0
         finals: list[tuple[float, WordToken]] = []
         finals_cpu: list[tuple[float, WordToken]] = []
@@ -420,9 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         verdict(f"{args.streams} streams p95, CPU clock ({args.lanes} cores)", 1000 * pct(rl.lat, 95), 1000)
 
     if not args.no_baseline:
-        base_cfg = StreamingConfig(step_s=1.0, agreement=2, vad_gate=False, max_window_s=15.0, refine=False,
+        base_cfg = StreamingConfig(step_s=1.0, agreement=2, max_window_s=15.0, refine=False,
                                    guard_decode=False)  # decodes on the 1 s grid only
-        base = run_simulated(sessions, base_cfg, "faster-whisper")
+        base = run_simulated(sessions, base_cfg, faster_whisper_engine(), BaselineStreamingASR)
         print("\nbaseline: LocalAgreement-2 over faster-whisper (int8, 30-s padded), 1 s chunks, no VAD,"
               f" simulated real time: {len(base.lat)} words")
         print(f"  wall clock p50 {1000 * pct(base.lat, 50):.0f} ms  p95 {1000 * pct(base.lat, 95):.0f} ms;"

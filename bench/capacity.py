@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.live.cpu_account import STAGES  # noqa: E402
-from app.loadtest import rounds as loadtest  # noqa: E402
+from app.loadtest import config, loopclip, rounds, spawn  # noqa: E402
 
 SERVER_TARGET_CORES = 0.30
 CLIENT_TARGET_CORES = 0.05
@@ -45,7 +45,7 @@ CLIENT_TARGET_CORES = 0.05
 
 def stage_cpu(whip_url: str) -> dict[str, float]:
     """The server's per-stage CPU counters (empty for a server without them)."""
-    metrics = loadtest.scrape_metrics(whip_url)
+    metrics = spawn.scrape_metrics(whip_url)
     out = {}
     for stage in STAGES:
         key = f'synchrony_stage_cpu_seconds_total{{stage="{stage}"}}'
@@ -56,18 +56,18 @@ def stage_cpu(whip_url: str) -> dict[str, float]:
 
 def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """One spawned server, one round of light peers: CPU per peer (server, per stage, client) and bounds."""
-    server = loadtest.SpawnedServer(args.peers + 2, out_dir / f"server-{label}.log",
+    server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label}.log",
                                     ["--admission", "fixed", "--no-degrade"] if code_dir is None else [],
                                     code_dir=code_dir)
     try:
         ready = server.wait_ready()
         proc = psutil.Process(server.proc.pid)
         time.sleep(3.0)  # let warm-up threads finish
-        cfg = loadtest.RoundConfig(url=server.url, duration_s=args.duration)
-        specs = loadtest.plan_peers(args.peers, min(args.workers, args.peers), args.stagger, {}, "clean")
+        cfg = config.RoundConfig(url=server.url, duration_s=args.duration)
+        specs = config.plan_peers(args.peers, min(args.workers, args.peers), args.stagger, {}, "clean")
         load_before = os.getloadavg()
         stages0, cpu0 = stage_cpu(server.url), proc.cpu_times()
-        rnd = loadtest.run_round(specs, cfg, server.proc.pid)
+        rnd = rounds.run_round(specs, cfg, server.proc.pid)
         cpu1, stages1 = proc.cpu_times(), stage_cpu(server.url)
         readyz = httpx.get(server.url.replace("/whip", "/readyz"), timeout=5).json()
     finally:
@@ -103,7 +103,7 @@ def component_costs(seconds: float = 8.0) -> dict[str, float]:
     from app.live.video_encoder import LeanVp8Encoder
     from models.faces import FaceAUExtractor
 
-    clip = loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (640, 360), 25.0)
+    clip = loopclip.make_loop_clip(config.DEFAULT_TEXT, 0.0, (640, 360), 25.0)
     n = int(seconds * 25)
     frames = [clip.frames[i % len(clip.frames)] for i in range(n)]
     out: dict[str, float] = {}

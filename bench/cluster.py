@@ -40,7 +40,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.cluster.placement import LOST, READY  # noqa: E402
-from app.loadtest import rounds as lt  # noqa: E402
+from app.loadtest.config import RoundConfig, plan_peers  # noqa: E402
+from app.loadtest.rounds import run_round  # noqa: E402
+from app.loadtest.spawn import SpawnedServer, scrape_metrics  # noqa: E402
+from app.loadtest.verdict import L3_BOUND, P95_BOUND_MS  # noqa: E402
 
 WORKERS = 2
 
@@ -51,9 +54,9 @@ def _load() -> list[float]:
 
 def run_peers(url: str, n: int, duration_s: float, seed: int) -> dict[str, Any]:
     """One load-test round of ``n`` peers against ``url`` (blocking); the round dict, load average added."""
-    cfg = lt.RoundConfig(url=url, duration_s=duration_s, seed=seed)
+    cfg = RoundConfig(url=url, duration_s=duration_s, seed=seed)
     before = _load()
-    rnd = lt.run_round(lt.plan_peers(n, min(WORKERS, n), 0.5, {}, "clean"), cfg, None)
+    rnd = run_round(plan_peers(n, min(WORKERS, n), 0.5, {}, "clean"), cfg, None)
     rnd["load_avg"] = [before, _load()]
     return rnd
 
@@ -70,8 +73,8 @@ def peer_row(peer: dict[str, Any]) -> dict[str, Any]:
 
 
 def within_bounds(row: dict[str, Any]) -> bool:
-    return (row["connected"] and not row["error"] and row["p95_ms"] is not None and row["p95_ms"] <= lt.P95_BOUND_MS
-            and row["level3"] is not None and row["level3"] >= lt.L3_BOUND)
+    return (row["connected"] and not row["error"] and row["p95_ms"] is not None and row["p95_ms"] <= P95_BOUND_MS
+            and row["level3"] is not None and row["level3"] >= L3_BOUND)
 
 
 def verdict(name: str, ok: bool, detail: str) -> bool:
@@ -84,7 +87,7 @@ def single_phase(per_node: int, duration_s: float, out: dict[str, Any]) -> bool:
     on this machine's cores as the two-node cluster; reported)."""
     rounds = {}
     with tempfile.TemporaryDirectory() as tmp:
-        server = lt.SpawnedServer(2 * per_node, Path(tmp) / "server.log")
+        server = SpawnedServer(2 * per_node, Path(tmp) / "server.log")
         try:
             server.wait_ready()
             for n in (per_node, 2 * per_node):
@@ -143,7 +146,7 @@ async def spread_phase(url: str, client: httpx.AsyncClient, args: argparse.Names
     print(f"spread: {n} peers through the ingress, {args.duration:.0f} s", flush=True)
     rnd = await asyncio.to_thread(run_peers, url, n, args.duration, 2)
     rows = [peer_row(p) for p in rnd["peers"]]
-    metrics = await asyncio.to_thread(lt.scrape_metrics, url)  # the ingress serves on this event loop
+    metrics = await asyncio.to_thread(scrape_metrics, url)  # the ingress serves on this event loop
     started = {k: v for k, v in metrics.items() if k.startswith("synchrony_sessions_started_total{")}
     out["spread"] = {"rows": rows, "load_avg": rnd["load_avg"], "sessions_started_by_node": started,
                      "aggregate": _brief(rnd["aggregate"])}
@@ -154,7 +157,7 @@ async def spread_phase(url: str, client: httpx.AsyncClient, args: argparse.Names
     ok &= verdict("sessions on both nodes (ingress /metrics)", len(started) == 2 and all(v >= 1 for v in
                   started.values()), json.dumps(started))
     ok &= verdict("every session within the single server's bounds", all(within_bounds(r) for r in rows),
-                  f"p95 ≤ {lt.P95_BOUND_MS:.0f} ms, Level-3 ≥ {lt.L3_BOUND:.0%}")
+                  f"p95 ≤ {P95_BOUND_MS:.0f} ms, Level-3 ≥ {L3_BOUND:.0%}")
     return ok
 
 
@@ -188,7 +191,7 @@ async def removal_phase(url: str, client: httpx.AsyncClient, cluster: Any, args:
               f" error {r['error']!r}  (load {rnd['load_avg']})")
     after = await asyncio.to_thread(run_peers, url, args.per_node, 10.0, 4)
     after_rows = [peer_row(p) for p in after["peers"]]
-    metrics = await asyncio.to_thread(lt.scrape_metrics, url)
+    metrics = await asyncio.to_thread(scrape_metrics, url)
     out["removal"] = {"victim": victim, "stopped_placing_s": stopped_s, "lost_s": lost_s, "rows": rows,
                       "load_avg": rnd["load_avg"], "after": after_rows,
                       "placements": {k: v for k, v in metrics.items() if k.startswith("synchrony_cluster_placements")}}

@@ -41,8 +41,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from alignment.text import dictionary_form  # noqa: E402
 from app.loadtest import testmedia  # noqa: E402
-from app.loadtest.metrics import clip_truth, match_tokens, normalise  # noqa: E402
+from app.loadtest.metrics import clip_truth, match_tokens  # noqa: E402
 from app.loadtest.peer import WhipPeer  # noqa: E402
 
 READY_S = 15.0
@@ -114,8 +115,8 @@ async def run_session(base: str, clip: testmedia.AVClip, settle_s: float = 4.0) 
 def onset_errors_ms(clip: testmedia.AVClip, finals: list[tuple[str, float]]) -> np.ndarray:
     """Signed start errors (ms) of final words ``(text, start)``, in start order, matched by text to
     the clip's words (no clock-lag correction: the session clock must itself be right)."""
-    spoken = [normalise(w.text) for w in clip.words]
-    heard = [normalise(t) for t, _ in finals]
+    spoken = [dictionary_form(w.text) for w in clip.words]
+    heard = [dictionary_form(t) for t, _ in finals]
     return np.array([1000 * (finals[b.b + i][1] - clip.words[b.a + i].start)
                      for b in difflib.SequenceMatcher(a=spoken, b=heard, autojunk=False).get_matching_blocks()
                      for i in range(b.size)])

@@ -25,7 +25,7 @@ How it is made deterministic (media time, not wall clock):
   what the session emits while closing is not part of it;
 * the three clips run at once, one session each, on one event loop (each gated on its own state
   only, so that changes no event; their waits overlap). Stages are warmed by the server's own
-  ``warm_up(ServerConfig(ui=False), ...)``, every default stage, so ``hello`` lists nothing missing.
+  ``app.live.warmup.warm_up(ServerConfig(ui=False), ...)``, every default stage, so ``hello`` lists nothing missing.
 
 Determinism is shown by tests/test_replay_events.py (one clip twice in one process, no golden file:
 another CPU may decode other floats) and by ``--write`` then ``--check`` twice.
@@ -292,7 +292,8 @@ async def replay_clip(spec: ClipSpec, clip: Any, stages: Any, session_id: str) -
 def replay_all(specs: tuple[ClipSpec, ...] = CLIPS, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Warm every stage once, as ``synchrony serve`` does (ServerConfig defaults, no UI), and replay
     every clip; the server's own warm-up, so a change there shows here too."""
-    from app.live.server import ServerConfig, WarmState, warm_up
+    from app.live.server import ServerConfig
+    from app.live.warmup import WarmState, warm_up
 
     c0 = time.monotonic()
     state = WarmState()

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.svd import ClipConditioning, generate_clip
+from models.svd import generate_clip
+from models.svd_conditioning import ClipConditioning
 
 PLAYOUT_FPS = 16
 TARGET_SIZE = (256, 256)

@@ -130,7 +130,7 @@ class Figures:
 async def measure(args: argparse.Namespace, server_args: list[str]) -> Figures:
     from app.loadtest.llm_standin import StandInLLM
     from app.loadtest.peer import WhipPeer
-    from app.loadtest.rounds import SpawnedServer
+    from app.loadtest.spawn import SpawnedServer
 
     clip, truths = await asyncio.to_thread(build_clip)
     llm = await StandInLLM(ttft_s=args.ttft_ms / 1000.0).start()

@@ -49,12 +49,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alignment.text import agreement_key
 from alignment.timing import refine_word_times
 from alignment.types import SAMPLE_RATE, WordToken
 from app.loadtest import testmedia
 from app.loadtest.metrics import TruthWord
 from bench.asr_stream import Session, chunks, latencies, make_session, matched
-from models.asr import StreamingASR, StreamingConfig, normalize_word, transcribe_words
+from models.asr import StreamingASR, StreamingConfig, transcribe_words
 
 #: espeak-ng held-out sets (never used for tuning either method).
 ESPEAK_SENTENCES: tuple[str, ...] = (
@@ -159,8 +160,8 @@ def human_cases() -> list[Case]:
 
 def _match(words: Sequence[WordToken], truth: Sequence[TruthWord]) -> list[tuple[int, float]]:
     """(index into words, true onset) for recognised words matched to spoken ones by text."""
-    a = [normalize_word(w.text) for w in words]
-    b = [normalize_word(t.text) for t in truth]
+    a = [agreement_key(w.text) for w in words]
+    b = [agreement_key(t.text) for t in truth]
     return [(blk.a + i, truth[blk.b + i].start)
             for blk in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks()
             for i in range(blk.size)]

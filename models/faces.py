@@ -220,6 +220,8 @@ class FaceAUExtractor:
         min_confidence: float = 0.5,
         quiet: bool = True,
     ) -> None:
+        self._lock = threading.Lock()
+        self._closed = True  # until the landmarker exists: a half-built extractor has nothing to close
         if running_mode not in ("image", "video"):
             raise ValueError(f"running_mode must be 'image' or 'video', got {running_mode!r}")
         if max_side < 64:
@@ -245,7 +247,6 @@ class FaceAUExtractor:
                 raise RuntimeError(f"could not load the face landmarker model: {exc}") from exc
         self.running_mode: RunningMode = running_mode
         self.max_side = int(max_side)
-        self._lock = threading.Lock()
         self._last_ts_ms = -1
         self._closed = False
         _LIVE.add(self)
@@ -290,10 +291,7 @@ class FaceAUExtractor:
 
     def close(self) -> None:
         """Release the MediaPipe graph (idempotent; also done at interpreter exit)."""
-        lock = getattr(self, "_lock", None)
-        if lock is None:
-            return
-        with lock:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True

@@ -11,7 +11,8 @@ _CACHE: dict[str, object] = {}
 def live_stages(whisper_model):
     """Every stage warmed once for the whole test run (ASR on the shared Whisper model)."""
     if "stages" not in _CACHE:
-        from app.live.server import ServerConfig, WarmState, warm_up
+        from app.live.server import ServerConfig
+        from app.live.warmup import WarmState, warm_up
         from models.asr import ASRWorker
 
         state = WarmState()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from alignment.text import agreement_key
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
 from app.loadtest import testmedia
 from models.asr import (
@@ -18,13 +19,11 @@ from models.asr import (
     StreamingASR,
     StreamingConfig,
     UtteranceEnd,
-    _bare,
-    _heard_words,
-    _loop_cut,
     get_engine,
-    normalize_word,
     transcribe_words,
 )
+from models.asr.engine import _loop_cut
+from models.asr.streaming import _bare, _heard_words
 from models.int8 import RowInt8Linear
 
 CHUNK = 320  # 20 ms, what WebRTC delivers
@@ -35,17 +34,17 @@ def _chunks(audio: np.ndarray, t0: float = 0.0, n: int = CHUNK) -> list[AudioChu
 
 
 def _hits(words: list[WordToken], speech) -> int:
-    said = {normalize_word(w.text) for w in words}
-    return sum(normalize_word(w.text) in said for w in speech.words)
+    said = {agreement_key(w.text) for w in words}
+    return sum(agreement_key(w.text) in said for w in speech.words)
 
 
 def _start_errors(words: list[WordToken], speech, t0: float = 0.0) -> list[float]:
     """|start - truth| for recognised words matched to the reference in order."""
     errs, j = [], 0
     for w in words:
-        key = normalize_word(w.text)
+        key = agreement_key(w.text)
         for k in range(j, len(speech.words)):
-            if normalize_word(speech.words[k].text) == key:
+            if agreement_key(speech.words[k].text) == key:
                 errs.append(abs(w.start - (t0 + speech.words[k].start)))
                 j = k + 1
                 break
@@ -157,14 +156,14 @@ def test_streaming_final_onsets_are_within_a_frame_of_truth(whisper_model, voice
         sp = (testmedia.speak(text, voice, lead_in_s=lead) if voice.startswith("festival:")
               else testmedia.synthesize_speech_fresh(text, voice=voice, lead_in_s=lead))
         parts.append(sp.samples)
-        truth += [(normalize_word(w.text), t + w.start) for w in sp.words]
+        truth += [(agreement_key(w.text), t + w.start) for w in sp.words]
         t += sp.samples.size / SAMPLE_RATE
     audio = np.concatenate([*parts, np.zeros(int(0.8 * SAMPLE_RATE), np.float32)])
     asr = StreamingASR(model=whisper_model)
     batches = [[ev for ev in asr.feed(c) if isinstance(ev, WordToken) and ev.final] for c in _chunks(audio)]
     batches = [b for b in batches if b]
     finals = [w for b in batches for w in b]
-    hyp = [normalize_word(w.text) for w in finals]
+    hyp = [agreement_key(w.text) for w in finals]
     blocks = difflib.SequenceMatcher(a=[k for k, _ in truth], b=hyp, autojunk=False).get_matching_blocks()
     errs = np.array([abs(finals[m.b + k].start - truth[m.a + k][1]) for m in blocks for k in range(m.size)])
     assert len(errs) >= len(truth) - 6
@@ -222,13 +221,6 @@ async def test_two_streams_on_one_worker_both_complete(whisper_model, lanes):
     stats = worker.stats()
     assert stats.dropped_chunks == 0 and stats.decodes > 0 and stats.streams == 0
     worker.stop()
-
-
-def test_faster_whisper_engine_by_name(speech):
-    words = get_engine("faster-whisper").transcribe(speech.samples)
-    said = {w.key for w in words}
-    assert sum(normalize_word(w.text) in said for w in speech.words) >= len(speech.words) - 1
-    assert all(0 <= w.start <= w.end <= speech.duration + 0.5 for w in words)
 
 
 def test_streaming_config_is_validated():
@@ -306,22 +298,21 @@ def test_next_utterance_starts_from_the_last_words_without_repeating_them(whispe
     transcribe = asr.engine.transcribe
 
     def recording(audio, prefix=(), prompt="", draft=(), expect_words=False):  # noqa: ANN001, ANN202
-        prefixes.append((asr._utt, [normalize_word(w) for w in prefix]))
+        prefixes.append((asr._utt, [agreement_key(w) for w in prefix]))
         return transcribe(audio, prefix=prefix, prompt=prompt, draft=draft, expect_words=expect_words)
 
-    asr.engine = type("Recording", (), {"name": "whisper", "forces_prefix": True,
-                                        "transcribe": staticmethod(recording)})()
+    asr.engine = type("Recording", (), {"name": "whisper", "transcribe": staticmethod(recording)})()
     events = [e for c in _chunks(audio) for e in asr.feed(c)] + asr.flush()
     carried = next(words for utt, words in prefixes if utt == 1)  # at the second utterance's first decode
     if pause_s == 0.7:
-        assert carried and carried == [normalize_word(w.text) for w in a.words][-len(carried):]
+        assert carried and carried == [agreement_key(w.text) for w in a.words][-len(carried):]
     else:
         assert carried == []
     second = [e for e in events if isinstance(e, WordToken) and e.final and e.utterance == 1]
     assert [e.index for e in second] == list(range(len(second)))
     assert _hits(second, b) >= len(b.words) - 1, [e.text for e in second]
-    said_first = {normalize_word(w.text) for w in a.words}
-    assert not [e.text for e in second if normalize_word(e.text) in said_first]
+    said_first = {agreement_key(w.text) for w in a.words}
+    assert not [e.text for e in second if agreement_key(e.text) in said_first]
     assert all(e.start >= a.duration - 0.1 for e in second)
 
 
@@ -336,8 +327,8 @@ def test_int8_copies_are_separate_and_transcribe_alike(whisper_model, speech):
     assert any(isinstance(m, int8_linears[0]) for m in fast.encoder.modules())
     assert any(isinstance(m, RowInt8Linear) for m in fast.decoder_blocks.modules())
     assert not any(isinstance(m, int8_linears) for m in whisper_model.modules())
-    words_fast = [normalize_word(w.raw) for w in fast.transcribe(speech.samples)]
-    words_exact = [normalize_word(w.raw) for w in exact.transcribe(speech.samples)]
+    words_fast = [agreement_key(w.raw) for w in fast.transcribe(speech.samples)]
+    words_exact = [agreement_key(w.raw) for w in exact.transcribe(speech.samples)]
     assert _hits([WordToken(w, 0, 0, True) for w in words_fast], speech) >= len(speech.words) - 1
     assert sum(a == b for a, b in zip(words_fast, words_exact, strict=False)) >= len(words_exact) - 1
 
@@ -376,7 +367,6 @@ class _ScriptedEngine:
     end (as Whisper's words do). Not a model: it isolates the finalisation policy's timing."""
 
     name = "scripted"
-    forces_prefix = True
     WORDS = ((" I", 0.30, 0.45, 0.95), (" sent", 0.45, 0.80, 0.30), (" it", 0.80, 0.95, 0.95),
              (" today", 0.95, 1.40, 0.95))
 
@@ -477,8 +467,8 @@ def test_streaming_on_real_speech_says_what_offline_says(whisper_model, clip):
         events = asr.feed(c) if c is not None else asr.flush()
         at = c.end if c is not None else audio.size / SAMPLE_RATE
         finals += [(at, ev) for ev in events if isinstance(ev, WordToken) and ev.final]
-    ref = [normalize_word(w.text) for w in offline]
-    hyp = [normalize_word(w.text) for _, w in finals]
+    ref = [agreement_key(w.text) for w in offline]
+    hyp = [agreement_key(w.text) for _, w in finals]
     assert len(ref) >= 6
     assert difflib.SequenceMatcher(a=ref, b=hyp, autojunk=False).ratio() >= 0.9, (ref, hyp)
     speech_end = offline[-1].end

@@ -13,7 +13,7 @@ import pytest
 from app.live.cpu_account import CapacityEstimate, CpuAccount, name_native_thread, stage_of, usable_cores
 from app.live.server import ServerConfig, create_app, running_server
 from app.live.session import FrameRate
-from app.loadtest import rounds as loadtest
+from app.loadtest import cli, config, loopclip, verdict
 from app.loadtest.peer import WhipError, WhipPeer
 
 
@@ -91,7 +91,7 @@ def test_lean_encoder_encodes_decodable_vp8_cheaper():
 
     from app.live.video_encoder import LeanVp8Encoder
 
-    clip = loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (640, 360), 25.0)
+    clip = loopclip.make_loop_clip(config.DEFAULT_TEXT, 0.0, (640, 360), 25.0)
     frames = [av.VideoFrame.from_ndarray(f, format="rgb24") for f in clip.frames[:40]]
     cost = {}
     for enc in (Vp8Encoder(), LeanVp8Encoder()):
@@ -112,8 +112,8 @@ def test_pre_encoded_opus_loop_carries_clip_frame_k_in_packet_k():
 
     from app.loadtest.peer import AUDIO_FRAME, ClipAudioTrack
 
-    clip = loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (320, 180), 25.0)
-    packets = loadtest.encode_opus_loop(clip.audio)
+    clip = loopclip.make_loop_clip(config.DEFAULT_TEXT, 0.0, (320, 180), 25.0)
+    packets = loopclip.encode_opus_loop(clip.audio)
     pcm = ClipAudioTrack(clip.audio, None)._pcm.astype(np.float32)
     n = len(pcm)
     assert len(packets) == n // AUDIO_FRAME
@@ -198,17 +198,16 @@ class _NullEngine:
     """An engine that hears nothing (the worker's scheduling is what is tested, not recognition)."""
 
     name = "null"
-    forces_prefix = False
 
     def transcribe(self, audio, prefix=(), prompt="", draft=(), expect_words=False):  # noqa: ANN001, ANN201
         return []
 
 
 def test_spawned_server_admits_every_peer_unless_the_run_checks_admission():
-    parse = loadtest.build_parser().parse_args
-    assert loadtest.spawn_args(parse(["--spawn-server"])) == ["--admission", "fixed"]
-    assert loadtest.spawn_args(parse(["--spawn-server", "--allow-refusals"])) == []
-    assert loadtest.spawn_args(parse(["--spawn-server", "--server-arg=--admission=measured"])) == [
+    parse = cli.build_parser().parse_args
+    assert cli.spawn_args(parse(["--spawn-server"])) == ["--admission", "fixed"]
+    assert cli.spawn_args(parse(["--spawn-server", "--allow-refusals"])) == []
+    assert cli.spawn_args(parse(["--spawn-server", "--server-arg=--admission=measured"])) == [
         "--admission=measured"]
 
 
@@ -219,14 +218,14 @@ def test_refused_peers_fail_a_round_unless_refusals_are_allowed():
                "refused": {"status": 503, "retry_after": "5"}}
     silent = {"index": 2, "connected": False, "error": "WHIP 503: server full", "refused": {"status": 503,
                                                                                            "retry_after": None}}
-    strict = loadtest.aggregate([admitted, refused])
+    strict = verdict.aggregate([admitted, refused])
     assert not strict["bounds"]["ok"] and strict["refused"] == [1]
-    lenient = loadtest.aggregate([admitted, refused], allow_refusals=True)
+    lenient = verdict.aggregate([admitted, refused], allow_refusals=True)
     assert lenient["bounds"]["ok"] and lenient["failed"] == []
-    assert not loadtest.aggregate([admitted, silent], allow_refusals=True)["bounds"]["ok"]  # 503 needs Retry-After
-    assert not loadtest.aggregate([refused], allow_refusals=True)["bounds"]["ok"]  # someone must be admitted
+    assert not verdict.aggregate([admitted, silent], allow_refusals=True)["bounds"]["ok"]  # 503 needs Retry-After
+    assert not verdict.aggregate([refused], allow_refusals=True)["bounds"]["ok"]  # someone must be admitted
     # The load generator's own cost: CPU after the clips were built, per second a peer streamed.
-    assert loadtest.client_cpu_per_peer([admitted, refused], {0: 5.0}, {0: 4.0}) == 0.05
+    assert verdict.client_cpu_per_peer([admitted, refused], {0: 5.0}, {0: 4.0}) == 0.05
 
 
 def test_slow_words_alone_count_as_overload():

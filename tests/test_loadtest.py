@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from alignment.types import SAMPLE_RATE
+from app.loadtest import cli, config, drive, loopclip, rounds, spawn, verdict
 from app.loadtest import metrics as lm
 from app.loadtest import report as loadreport
-from app.loadtest import rounds as loadtest
 
 
 @pytest.fixture(scope="module")
 def loop_clip():
-    return loadtest.make_loop_clip(loadtest.DEFAULT_TEXT, 0.0, (320, 180), 25.0)
+    return loopclip.make_loop_clip(config.DEFAULT_TEXT, 0.0, (320, 180), 25.0)
 
 
 def test_loop_clip_loops_without_drift(loop_clip):
@@ -25,7 +25,7 @@ def test_loop_clip_loops_without_drift(loop_clip):
     assert n % (SAMPLE_RATE // 25) == 0 and n % (SAMPLE_RATE // 50) == 0  # whole video and 20 ms frames
     assert len(loop_clip.frames) == n // (SAMPLE_RATE // 25)
     truth = lm.clip_truth(loop_clip)
-    assert [w.text for w in truth.words] == loadtest.DEFAULT_TEXT.split()
+    assert [w.text for w in truth.words] == config.DEFAULT_TEXT.split()
     assert all(w.start < w.end for w in truth.words)
     assert all(a.end <= b.start + 1e-9 for a, b in zip(truth.words, truth.words[1:], strict=False))
     assert truth.markers[0] < truth.words[0].start and truth.markers[-1] > truth.utterance_end
@@ -112,22 +112,22 @@ def test_flash_lags_pair_each_click_with_the_next_flash():
 
 
 def test_loopback_only_and_bad_input_is_a_clear_error(capsys, tmp_path):
-    assert loadtest.check_loopback_url("http://127.0.0.1:8000/whip") == "http://127.0.0.1:8000/whip"
-    assert loadtest.check_loopback_url("http://localhost:8000") == "http://localhost:8000/whip"
+    assert spawn.check_loopback_url("http://127.0.0.1:8000/whip") == "http://127.0.0.1:8000/whip"
+    assert spawn.check_loopback_url("http://localhost:8000") == "http://localhost:8000/whip"
     for url in ("http://192.0.2.2:8000/whip", "http://10.1.2.3/whip", "ftp://127.0.0.1/whip", "nonsense"):
         with pytest.raises(ValueError):
-            loadtest.check_loopback_url(url)
+            spawn.check_loopback_url(url)
     out = str(tmp_path)
     for argv in (["--url", "http://192.0.2.2:8000/whip"], ["--spawn-server", "--peers", "0"],
                  ["--spawn-server", "--peers", "1000"], ["--spawn-server", "--netem", "loss=lots"],
                  ["--spawn-server", "--duration", "1"], ["--spawn-server", "--video-size", "big"]):
-        assert loadtest.main([*argv, "--out", out]) == loadtest.EXIT_USAGE
+        assert cli.main([*argv, "--out", out]) == config.EXIT_USAGE
         err = capsys.readouterr().err
         assert err.startswith("synchrony loadtest:") and "Traceback" not in err
 
 
 def test_plan_spreads_peers_and_applies_offsets():
-    specs = loadtest.plan_peers(5, 2, 0.5, {4: 150.0}, "loss5")
+    specs = config.plan_peers(5, 2, 0.5, {4: 150.0}, "loss5")
     assert [s.worker for s in specs] == [0, 1, 0, 1, 0]
     assert [s.start_s for s in specs] == [0.0, 0.5, 1.0, 1.5, 2.0]
     assert [s.offset_ms for s in specs] == [0, 0, 0, 0, 150.0] and {s.netem for s in specs} == {"loss5"}
@@ -137,7 +137,7 @@ def test_plan_spreads_peers_and_applies_offsets():
 def test_live_run_two_peers_flags_the_injected_offset(tmp_path):
     """Two real peers against a server this test starts on 127.0.0.1; one sends video 150 ms late."""
     out = tmp_path / "lt"
-    code = loadtest.main(["--spawn-server", "--peers", "2", "--offset-ms", "150", "--offset-peers", "1",
+    code = cli.main(["--spawn-server", "--peers", "2", "--offset-ms", "150", "--offset-peers", "1",
                           "--duration", "10", "--max-duration", "40", "--min-sync-checks", "3",
                           "--stagger", "0.3", "--out", str(out)])
     report = json.loads((out / "report.json").read_text())
@@ -167,7 +167,7 @@ def test_live_run_two_peers_flags_the_injected_offset(tmp_path):
     assert late["level3"]["flagged"], late["level3"]
     assert late["level3"]["video_minus_audio_ms_p50"] == pytest.approx(150.0, abs=40.0)
     assert report["result"]["detection"] == {"offset_ms": 150.0, "flagged": 1, "of": 1, "clean_flagged": 0}
-    assert code == loadtest.EXIT_OK
+    assert code == config.EXIT_OK
     assert any(s[1] is not None and not math.isnan(s[1]) for s in rnd["cpu"])  # server CPU was sampled
     # The server-measured LST samples came back on the response events and were judged for the round.
     lst = rnd["aggregate"]["lst"]
@@ -184,14 +184,14 @@ def test_require_lst_is_a_round_bound():
              {"index": 1, "offset_ms": 0.0, "connected": True, "words": [[0.0, 0.3, 0.5, 0.9, "w"]],
               "level3": {"checks": 5, "ok": 5, "flagged": False},
               "lst_ttft_ms": [35.0], "lst_itl_ms": even[:10] + [140.0] + even[10:]}]
-    agg = loadtest.aggregate(peers, require_lst="silver")
+    agg = verdict.aggregate(peers, require_lst="silver")
     assert agg["lst"]["responses"] == 3 and agg["lst"]["itl_ms_max"] == 140.0
     assert agg["lst"]["tier"] == "none"  # one 57 ms stall: worst σ8 = 56.7·√7/8 = 18.7 ms
     assert agg["bounds"]["checks"]["LST tier >= silver"] is False and not agg["bounds"]["ok"]
     peers[1]["lst_itl_ms"] = even
-    agg = loadtest.aggregate(peers, require_lst="silver")
+    agg = verdict.aggregate(peers, require_lst="silver")
     assert agg["lst"]["tier"] == "gold" and agg["bounds"]["ok"]
-    assert "LST tier >= silver" not in loadtest.aggregate(peers)["bounds"]["checks"]  # off unless asked
+    assert "LST tier >= silver" not in verdict.aggregate(peers)["bounds"]["checks"]  # off unless asked
 
 
 def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):
@@ -204,15 +204,15 @@ def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):
         peers = [{"index": s.index, "offset_ms": 0.0, "connected": True,
                   "words": [[t, t + 0.3, t + 0.3 + 0.15 * n, None, "w"] for t in np.arange(0.0, 20.0, 0.5)],
                   "level3": {"checks": 10, "ok": 10, "flagged": False}} for s in specs]
-        return {"peers": peers, "aggregate": loadtest.aggregate(peers), "cpu": [], "errors": [], "wall_s": 0.0}
+        return {"peers": peers, "aggregate": verdict.aggregate(peers), "cpu": [], "errors": [], "wall_s": 0.0}
 
-    monkeypatch.setattr(loadtest, "run_round", fake_round)
-    monkeypatch.setattr(loadtest.time, "sleep", lambda s: None)
-    args = loadtest.build_parser().parse_args(["--url", "http://127.0.0.1:1/whip", "--find-max", "--peers", "2",
+    monkeypatch.setattr(rounds, "run_round", fake_round)
+    monkeypatch.setattr(rounds.time, "sleep", lambda s: None)
+    args = cli.build_parser().parse_args(["--url", "http://127.0.0.1:1/whip", "--find-max", "--peers", "2",
                                                "--step", "2", "--max-peers", "16"])
-    loadtest._validate(args)
-    cfg = loadtest.RoundConfig(url="http://127.0.0.1:1/whip")
-    report = loadtest.run_plan(args, cfg, None)
+    cli._validate(args)
+    cfg = config.RoundConfig(url="http://127.0.0.1:1/whip")
+    report = rounds.run_plan(args, cfg, None)
     assert seen == [2, 4, 6, 8]  # 8 peers: 0.15 · 8 = 1.2 s > 1 s
     assert report["result"]["peers_sustained"] == 6 and report["result"]["bound_broke_at"] == 8
     assert report["result"]["failed_checks"] == ["p95 word->token <= 1000 ms"]
@@ -220,10 +220,10 @@ def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):
     assert html.count("<h2>Round") == 4
     # --keep-going draws the whole curve; what is sustained still stops at the first break.
     seen.clear()
-    args = loadtest.build_parser().parse_args(["--url", "http://127.0.0.1:1/whip", "--find-max", "--peers", "2",
+    args = cli.build_parser().parse_args(["--url", "http://127.0.0.1:1/whip", "--find-max", "--peers", "2",
                                                "--step", "3", "--max-peers", "9", "--keep-going"])
-    loadtest._validate(args)
-    result = loadtest.run_plan(args, cfg, None)["result"]
+    cli._validate(args)
+    result = rounds.run_plan(args, cfg, None)["result"]
     assert seen == [2, 5, 8, 9]
     assert result["peers_sustained"] == 5 and result["bound_broke_at"] == 8
     assert [c[0] for c in result["curve"]] == [2, 5, 8, 9]
@@ -232,13 +232,13 @@ def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):
 def test_pre_encoded_vp8_loop_decodes_with_the_flash(loop_clip):
     import av
 
-    packets = loadtest.encode_vp8_loop(loop_clip.frames, loop_clip.fps)
+    packets = loopclip.encode_vp8_loop(loop_clip.frames, loop_clip.fps)
     assert len(packets) == len(loop_clip.frames)
     decoder = av.CodecContext.create("libvpx", "r")
     lit = []
     for i, data in enumerate(packets):
         for frame in decoder.decode(av.Packet(data)):
-            lit.append((i, loadtest._flash_region_mean(frame)))
+            lit.append((i, drive._flash_region_mean(frame)))
     flash_frames = [i for i, y in lit if y > 80.0]
     # Clean clip: markers at frame-cell starts light exactly frames 6 and (end - 8), and only those.
     assert flash_frames == [6, len(packets) - 8]

@@ -14,7 +14,8 @@ import httpx
 import pytest
 from aiortc import RTCPeerConnection
 
-from app.live.server import ServerConfig, check_offer, create_app, running_server
+from app.live.offer import check_offer
+from app.live.server import ServerConfig, create_app, running_server
 from app.loadtest.peer import WhipPeer
 from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
 

@@ -103,7 +103,7 @@ def _request(k: int, camera, caption=(), new=(), au=None, load=None, sync_ok=Non
 # --- conditioning (pure) -------------------------------------------------------------------------
 
 def test_conditioning_follows_speech_mouth_and_load(speech):
-    from models.svd import SVDSettings, build_window, condition_clip
+    from models.svd_conditioning import SVDSettings, build_window, condition_clip
 
     words = _words(speech)
     settings = SVDSettings(steps=3, seed=7)
@@ -132,7 +132,8 @@ def test_conditioning_follows_speech_mouth_and_load(speech):
 
 
 def test_bad_settings_and_inputs_are_clear(svd_dir, tiny_pipe, tmp_path):
-    from models.svd import SVDRenderer, SVDSettings
+    from models.svd import SVDRenderer
+    from models.svd_conditioning import SVDSettings
 
     with pytest.raises(ValueError, match="motion_min"):
         SVDSettings(motion_min=200, motion_max=100)
@@ -153,7 +154,7 @@ def test_bad_settings_and_inputs_are_clear(svd_dir, tiny_pipe, tmp_path):
 
 def test_offline_clips_pts_alignment_and_level3(svd_dir, av_clip):
     """Load through --svd-model PATH, render a talking-face clip offline, check pts, tokens and sync."""
-    from models.svd import SVDSettings
+    from models.svd_conditioning import SVDSettings
 
     words = [WordToken(w.text, w.start, w.start + 0.2, index=i) for i, w in enumerate(av_clip.words)]
     n_frames = 3 * CLIP
@@ -217,7 +218,8 @@ def test_offline_clips_pts_alignment_and_level3(svd_dir, av_clip):
 
 def test_realtime_keeps_ahead_then_falls_back(tiny_pipe):
     """Clip n+1 is generated while clip n plays; a required RTF it cannot meet switches to the overlay."""
-    from models.svd import SVDRenderer, SVDSettings, build_window, condition_clip, generate_clip
+    from models.svd import SVDRenderer, generate_clip
+    from models.svd_conditioning import SVDSettings, build_window, condition_clip
 
     clip = 4
     settings = SVDSettings(**FAST)
@@ -302,7 +304,7 @@ def test_analyze_with_the_svd_backend(svd_dir, tmp_path):
     from app.loadtest import testmedia
     from app.offline.analyze import AnalyzeOptions, analyze
     from app.offline.media_io import decode_media
-    from models.svd import SVDSettings
+    from models.svd_conditioning import SVDSettings
 
     clip = testmedia.make_av_clip(text="call me", lead_in_s=0.3, tail_s=0.4, size=(160, 96), markers=(0.1,))
     path = testmedia.write_av_file(tmp_path / "in.mp4", clip)

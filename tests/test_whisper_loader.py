@@ -8,15 +8,15 @@ import torch
 import whisper
 from whisper.model import AudioEncoder
 
+from alignment.text import agreement_key
 from models import whisper_loader
-from models.asr import normalize_word
 from models.whisper_loader import WhisperLoadError, load_whisper, mel_for, read_ct2_variables
 
 OPTS = whisper.DecodingOptions(language="en", without_timestamps=True, fp16=False)
 
 
 def _words(text: str) -> list[str]:
-    return [w for w in (normalize_word(t) for t in text.split()) if w]
+    return [w for w in (agreement_key(t) for t in text.split()) if w]
 
 
 def _decode(model, audio: np.ndarray, context_s: float | None) -> str:
@@ -35,7 +35,7 @@ def test_resolves_bundled_model_once_per_process(whisper_model):
 
 def test_bundled_weights_transcribe_espeak_speech(whisper_model, speech):
     said = set(_words(_decode(whisper_model, speech.samples, None)))
-    truth = [normalize_word(w.text) for w in speech.words]
+    truth = [agreement_key(w.text) for w in speech.words]
     hits = sum(w in said for w in truth)
     assert hits >= len(truth) - 1, (said, truth)
 

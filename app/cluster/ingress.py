@@ -15,10 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import AsyncIterator
-from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from fastapi import FastAPI, Request
@@ -28,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from app.cluster.aggregate import merge_lst, merge_metrics
 from app.cluster.placement import LOST, READY, NodeView, placement_order
 from app.cluster.registry import NodeRegistry, RegistryConfig
-from app.live.server import OfferRefused, allow_cross_origin, read_offer
+from app.live.offer import OfferRefused, allow_cross_origin, authorised, origin_allowed, origin_refusal, read_offer
 
 log = logging.getLogger("synchrony.cluster")
 
@@ -62,169 +59,195 @@ def _plain(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return PlainTextResponse(message + "\n", status_code=status, headers=headers)
 
 
-def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = None) -> FastAPI:
-    """The ingress app; it watches the cluster's nodes (``registry``) while it runs."""
-    registry = registry or NodeRegistry(config)
-    server = config.server
-    metrics = ClusterMetrics()
-    http: dict[str, httpx.AsyncClient] = {}
+def _forwarded_headers(request: Request) -> dict[str, str]:
+    auth = request.headers.get("authorization")
+    return {"Authorization": auth} if auth else {}
+
+
+class Ingress:
+    """The ingress's view of the cluster (``registry``), its HTTP client to the nodes, and its route
+    handlers, one method per route."""
+
+    def __init__(self, config: RegistryConfig, registry: NodeRegistry | None = None) -> None:
+        self.registry = registry or NodeRegistry(config)
+        self.server = config.server
+        self.metrics = ClusterMetrics()
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The HTTP client to the nodes (open while the app runs)."""
+        if self._client is None:
+            raise RuntimeError("the ingress is not running")
+        return self._client
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        http["client"] = client = httpx.AsyncClient(timeout=PROXY_TIMEOUT_S)
-        watch = asyncio.create_task(registry.run(client), name="cluster-watch")
+    async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
+        """Watch the cluster's nodes while serving."""
+        self._client = client = httpx.AsyncClient(timeout=PROXY_TIMEOUT_S)
+        watch = asyncio.create_task(self.registry.run(client), name="cluster-watch")
         yield
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
         await client.aclose()
 
-    app = FastAPI(title="synchrony cluster", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.registry = registry
-    app.state.metrics = metrics
-
-    allow_cross_origin(app, server.allowed_origins)
-
-    def refuse(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-        metrics.rejected.labels(str(status)).inc()
+    def refuse(self, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+        self.metrics.rejected.labels(str(status)).inc()
         return _plain(status, message, headers)
 
-    def gate(request: Request) -> Response | None:
+    def gate(self, request: Request) -> Response | None:
         """The bearer token and browser-origin checks of a single server, or None when they pass."""
-        if server.auth_token:
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {server.auth_token}".encode()):
-                return refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-        origin = request.headers.get("origin")
-        if (origin is not None and origin not in server.allowed_origins
-                and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()):
-            return refuse(403, f"origin {origin[:80]!r} is not allowed (same origin or allowed_origins only)")
+        if not authorised(request, self.server.auth_token):
+            return self.refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        if not origin_allowed(request, self.server.allowed_origins):
+            return self.refuse(403, origin_refusal(request))
         return None
 
-    def forwarded_headers(request: Request) -> dict[str, str]:
-        auth = request.headers.get("authorization")
-        return {"Authorization": auth} if auth else {}
+    # --- routes (no docstrings: FastAPI would publish them in /openapi.json) -------------------------
 
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> Response:
+    async def internal_error(self, _: Request, exc: Exception) -> Response:
         log.exception("internal error", exc_info=exc)
         return _plain(500, "internal server error")
 
-    @app.post("/whip")
-    async def whip_offer(request: Request) -> Response:
-        refused = gate(request)
+    # POST /whip: checked here, answered by the first node in placement order that has room.
+    async def whip_offer(self, request: Request) -> Response:
+        refused = self.gate(request)
         if refused is not None:
             return refused
         try:
-            sdp = await read_offer(request, server.max_sdp_bytes)
+            sdp = await read_offer(request, self.server.max_sdp_bytes)
         except OfferRefused as exc:
-            return refuse(exc.status, str(exc))
-        headers = {"Content-Type": "application/sdp", **forwarded_headers(request)}
-        for node in placement_order(registry.views()):
-            registry.placed(node.key)  # counted before the answer, so concurrent offers spread out
-            try:
-                resp = await http["client"].post(f"{node.url}/whip", content=sdp, headers=headers)
-            except httpx.HTTPError as exc:
-                registry.released(node.key)
-                registry.unreachable(node.key, f"POST /whip: {type(exc).__name__}: {exc}"[:200])
-                continue
-            if resp.status_code == 503:
-                registry.full(node.key)  # its own count was ahead of its last report: try the next
-                continue
-            if resp.status_code != 201:  # the node could not use the offer: its answer, as is
-                registry.released(node.key)
-                metrics.rejected.labels(str(resp.status_code)).inc()
-                return _plain(resp.status_code, resp.text.strip()[:300])
-            metrics.placements.labels(node.key).inc()
-            session = resp.headers.get("location", "").rstrip("/").rsplit("/", 1)[-1]
-            log.info("session %s placed on node %s", session, node.key)
-            return Response(resp.content, status_code=201, media_type="application/sdp",
-                            headers={"Location": f"/whip/{node.key}/{session}"})
-        views = registry.views()
-        if not any(v.state == READY for v in views):
-            return refuse(503, "no node is ready yet, retry shortly", {"Retry-After": "2"})
-        capacity = sum(v.capacity for v in views if v.state == READY)
-        return refuse(503, f"cluster full ({capacity} sessions on {sum(v.state == READY for v in views)} nodes)",
-                      {"Retry-After": "5"})
+            return self.refuse(exc.status, str(exc))
+        headers = {"Content-Type": "application/sdp", **_forwarded_headers(request)}
+        for node in placement_order(self.registry.views()):
+            answer = await self._offer_to(node, sdp, headers)
+            if answer is not None:
+                return answer
+        return self._no_room()
 
-    async def to_session(node_key: str, session_id: str, request: Request) -> Response:
-        """Forward a request on a session resource to the node that holds it."""
-        refused = gate(request)
+    async def _offer_to(self, node: NodeView, sdp: str, headers: dict[str, str]) -> Response | None:
+        """The node's answer to the offer (or its refusal, as is); None to try the next node."""
+        registry = self.registry
+        registry.placed(node.key)  # counted before the answer, so concurrent offers spread out
+        try:
+            resp = await self.client.post(f"{node.url}/whip", content=sdp, headers=headers)
+        except httpx.HTTPError as exc:
+            registry.released(node.key)
+            registry.unreachable(node.key, f"POST /whip: {type(exc).__name__}: {exc}"[:200])
+            return None
+        if resp.status_code == 503:
+            registry.full(node.key)  # its own count was ahead of its last report: try the next
+            return None
+        if resp.status_code != 201:  # the node could not use the offer: its answer, as is
+            registry.released(node.key)
+            self.metrics.rejected.labels(str(resp.status_code)).inc()
+            return _plain(resp.status_code, resp.text.strip()[:300])
+        self.metrics.placements.labels(node.key).inc()
+        session = resp.headers.get("location", "").rstrip("/").rsplit("/", 1)[-1]
+        log.info("session %s placed on node %s", session, node.key)
+        return Response(resp.content, status_code=201, media_type="application/sdp",
+                        headers={"Location": f"/whip/{node.key}/{session}"})
+
+    def _no_room(self) -> Response:
+        """503 when no node took the offer: none ready yet, or all full."""
+        views = self.registry.views()
+        if not any(v.state == READY for v in views):
+            return self.refuse(503, "no node is ready yet, retry shortly", {"Retry-After": "2"})
+        capacity = sum(v.capacity for v in views if v.state == READY)
+        return self.refuse(503, f"cluster full ({capacity} sessions on {sum(v.state == READY for v in views)} nodes)",
+                           {"Retry-After": "5"})
+
+    async def whip_delete(self, node_key: str, session_id: str, request: Request) -> Response:
+        return await self._to_session(node_key, session_id, request)
+
+    async def whip_status(self, node_key: str, session_id: str, request: Request) -> Response:
+        return await self._to_session(node_key, session_id, request)
+
+    async def _to_session(self, node_key: str, session_id: str, request: Request) -> Response:
+        """GET or DELETE /whip/<node>/<session>: forwarded to the node that holds the session."""
+        refused = self.gate(request)
         if refused is not None:
             return refused
-        node = registry.get(node_key)
+        node = self.registry.get(node_key)
         if node is None or node.url is None:
-            return refuse(404, "no such session")
+            return self.refuse(404, "no such session")
         if node.state == LOST:
-            return refuse(404, "no such session: its node has left the cluster")
+            return self.refuse(404, "no such session: its node has left the cluster")
         try:
-            resp = await http["client"].request(request.method, f"{node.url}/whip/{session_id}",
-                                                headers=forwarded_headers(request))
+            resp = await self.client.request(request.method, f"{node.url}/whip/{session_id}",
+                                             headers=_forwarded_headers(request))
         except httpx.HTTPError as exc:
-            registry.unreachable(node_key, f"{request.method} session: {type(exc).__name__}: {exc}"[:200])
-            return refuse(502, f"node {node_key} did not answer; retry")
+            self.registry.unreachable(node_key, f"{request.method} session: {type(exc).__name__}: {exc}"[:200])
+            return self.refuse(502, f"node {node_key} did not answer; retry")
         if request.method == "DELETE" and resp.status_code == 200:
-            registry.released(node_key)
+            self.registry.released(node_key)
         return Response(resp.content, status_code=resp.status_code,
                         media_type=resp.headers.get("content-type", "text/plain"))
 
-    @app.delete("/whip/{node_key}/{session_id}")
-    async def whip_delete(node_key: str, session_id: str, request: Request) -> Response:
-        return await to_session(node_key, session_id, request)
+    # /whip/<session> without a node: not a session of this cluster.
+    async def whip_unknown(self, session_id: str) -> Response:
+        return self.refuse(404, "no such session")
 
-    @app.get("/whip/{node_key}/{session_id}")
-    async def whip_status(node_key: str, session_id: str, request: Request) -> Response:
-        return await to_session(node_key, session_id, request)
-
-    @app.api_route("/whip/{session_id}", methods=["GET", "DELETE"])
-    async def whip_unknown(session_id: str) -> Response:
-        return refuse(404, "no such session")
-
-    @app.patch("/whip/{path:path}")
-    async def whip_patch(path: str) -> Response:
+    async def whip_patch(self, path: str) -> Response:
         return _plain(405, "trickle ICE is not supported; send a complete offer", {"Allow": "DELETE"})
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        views = [v for v in registry.views() if v.state != LOST]
+    async def healthz(self) -> dict[str, object]:
+        views = [v for v in self.registry.views() if v.state != LOST]
         return {"status": "ok", "sessions": sum(v.sessions for v in views), "nodes": len(views)}
 
-    @app.get("/readyz")
-    async def readyz() -> Response:
-        views = registry.views()
-        ready = [v for v in views if v.state == READY]
+    async def readyz(self) -> Response:
+        ready = [v for v in self.registry.views() if v.state == READY]
         capacity = sum(v.capacity for v in ready)
         body = {"ready": bool(ready), "nodes_ready": len(ready), "sessions": sum(v.sessions for v in ready),
-                "capacity": capacity, "max_sessions": capacity, "nodes": registry.describe()}
+                "capacity": capacity, "max_sessions": capacity, "nodes": self.registry.describe()}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    async def scrape(path: str) -> dict[str, httpx.Response]:
-        live = [v for v in registry.views() if v.url and v.state != LOST]
+    async def scrape(self, path: str) -> dict[str, httpx.Response]:
+        """Every live node's 200 answer to ``GET path``, by node key (a node that does not answer is left out)."""
+        live = [v for v in self.registry.views() if v.url and v.state != LOST]
 
         async def one(view: NodeView) -> httpx.Response | None:
             with contextlib.suppress(httpx.HTTPError):
-                return await http["client"].get(f"{view.url}{path}", timeout=SCRAPE_TIMEOUT_S)
+                return await self.client.get(f"{view.url}{path}", timeout=SCRAPE_TIMEOUT_S)
             return None
 
         answers = await asyncio.gather(*(one(v) for v in live))
         return {v.key: r for v, r in zip(live, answers, strict=True) if r is not None and r.status_code == 200}
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        nodes = {key: r.text for key, r in (await scrape("/metrics")).items()}
-        text = merge_metrics(metrics.exposition(registry.views()), nodes)
+    async def prometheus(self) -> Response:
+        nodes = {key: r.text for key, r in (await self.scrape("/metrics")).items()}
+        text = merge_metrics(self.metrics.exposition(self.registry.views()), nodes)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/metrics/lst")
-    async def lst() -> Response:
+    async def lst(self) -> Response:
         nodes = {}
-        for key, r in (await scrape("/metrics/lst")).items():
+        for key, r in (await self.scrape("/metrics/lst")).items():
             with contextlib.suppress(ValueError):
                 nodes[key] = r.json()
         if not nodes:
             return JSONResponse({"error": "no node reports LST metrics"}, status_code=503)
         return JSONResponse(merge_lst(nodes))
 
+
+def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = None) -> FastAPI:
+    """The ingress app; it watches the cluster's nodes (``registry``) while it runs."""
+    ingress = Ingress(config, registry)
+    app = FastAPI(title="synchrony cluster", lifespan=ingress.lifespan, docs_url=None, redoc_url=None)
+    app.state.registry = ingress.registry
+    app.state.metrics = ingress.metrics
+
+    allow_cross_origin(app, ingress.server.allowed_origins)
+    app.add_exception_handler(Exception, ingress.internal_error)
+    app.add_api_route("/whip", ingress.whip_offer, methods=["POST"])
+    app.add_api_route("/whip/{node_key}/{session_id}", ingress.whip_delete, methods=["DELETE"])
+    app.add_api_route("/whip/{node_key}/{session_id}", ingress.whip_status, methods=["GET"])
+    app.add_api_route("/whip/{session_id}", ingress.whip_unknown, methods=["GET", "DELETE"])
+    app.add_api_route("/whip/{path:path}", ingress.whip_patch, methods=["PATCH"])
+    app.add_api_route("/healthz", ingress.healthz, methods=["GET"])
+    app.add_api_route("/readyz", ingress.readyz, methods=["GET"])
+    app.add_api_route("/metrics", ingress.prometheus, methods=["GET"])
+    app.add_api_route("/metrics/lst", ingress.lst, methods=["GET"])
     return app
 
 

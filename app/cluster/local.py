@@ -8,14 +8,18 @@ through it: media goes straight to the nodes, signaling over HTTP).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.cluster.node import NODE_RESOURCE
+
+if TYPE_CHECKING:
+    from ray._private.node import Node
+    from ray.cluster_utils import Cluster
 
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 
 
-def start_local_cluster(nodes: int, cpus_per_node: int = 1) -> Any:
+def start_local_cluster(nodes: int, cpus_per_node: int = 1) -> Cluster:
     """A ``ray.cluster_utils.Cluster`` with a head and ``nodes`` synchrony nodes (not yet connected)."""
     from ray.cluster_utils import Cluster
 
@@ -26,12 +30,12 @@ def start_local_cluster(nodes: int, cpus_per_node: int = 1) -> Any:
     return cluster
 
 
-def add_local_node(cluster: Any, cpus: int = 1) -> Any:
+def add_local_node(cluster: Cluster, cpus: int = 1) -> Node:
     """One more synchrony node on this machine; returns Ray's handle (``cluster.remove_node`` takes it)."""
     return cluster.add_node(num_cpus=cpus, resources={NODE_RESOURCE: 1}, object_store_memory=OBJECT_STORE_BYTES)
 
 
-def stop_local_cluster(cluster: Any) -> None:
+def stop_local_cluster(cluster: Cluster) -> None:
     """Disconnect this process from Ray, then end every node's processes."""
     import ray
 

@@ -13,7 +13,7 @@ import asyncio
 import os
 import threading
 
-from app.live.server import ServerConfig
+from app.live.config import ServerConfig
 
 #: The custom Ray resource a node declares to host one synchrony server (`ray start --resources`).
 NODE_RESOURCE = "synchrony_node"

@@ -18,13 +18,16 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from app.cluster.node import NODE_RESOURCE, START_TIMEOUT_S, NodeServer
 from app.cluster.placement import LOST, READY, STARTING, UNREACHABLE, WARMING, NodeView, node_capacity
-from app.live.server import ServerConfig
+from app.live.config import ServerConfig
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 log = logging.getLogger("synchrony.cluster")
 
@@ -48,7 +51,7 @@ class RegistryConfig:
 class _Node:
     view: NodeView
     node_id: str
-    actor: Any
+    actor: ActorHandle
     pid: int | None = None
     why: str = ""  # why it is unreachable or lost
     missing: dict[str, str] = field(default_factory=dict)  # stages its server runs without, and why
@@ -158,7 +161,7 @@ class NodeRegistry:
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
 
-    def _create_actor(self, node_id: str) -> Any:
+    def _create_actor(self, node_id: str) -> ActorHandle:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -39,6 +39,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from alignment.clock import SenderReport, SessionClock, TrackClock, ntp_to_seconds
 from alignment.frames import FPS, TOLERANCE_S, frame_pts, frames_for_time
+from alignment.text import alnum_key as _norm
 from alignment.types import SAMPLE_RATE, AudioChunk, AUSample, LoadEstimate, VideoFrame, WordToken
 from app.live.cpu_account import name_native_thread
 from app.live.reliability import lower_thread_priority
@@ -988,10 +989,6 @@ def _default_policy() -> Any:
         from alignment.types import TokenRatePolicy
 
         return TokenRatePolicy(tokens_per_s=12.0, max_tokens=256, temperature=0.8)
-
-
-def _norm(word: str) -> str:
-    return "".join(ch for ch in word.lower() if ch.isalnum())
 
 
 def _lst_dict(snap: Any) -> dict[str, Any]:

@@ -12,7 +12,18 @@ and cold-start figures.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+
+from app.live.config import ServerConfig
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+#: The server's readiness (``/readyz``'s body), shown on the page.
+Readiness = Callable[[], dict[str, object]]
 
 _PANEL = """
 <div id="sy-app" data-auth="{auth}">
@@ -49,11 +60,11 @@ _PANEL = """
 """
 
 
-def build_ui(config: Any, ready: Any = None) -> Any:
+def build_ui(config: ServerConfig, ready: Readiness | None = None) -> gr.Blocks:
     """The Gradio ``Blocks`` of the page; ``ready()`` returns the server's readiness dict."""
     import gradio as gr
 
-    auth = "1" if getattr(config, "auth_token", None) else "0"
+    auth = "1" if config.auth_token else "0"
     with gr.Blocks(title="synchrony — live alignment") as demo:
         gr.Markdown(
             "## synchrony · live\n"
@@ -68,7 +79,7 @@ def build_ui(config: Any, ready: Any = None) -> Any:
     return demo
 
 
-def mount_ui(app: Any, config: Any, ready: Any = None) -> Any:
+def mount_ui(app: FastAPI, config: ServerConfig, ready: Readiness | None = None) -> FastAPI:
     """Mount the page at ``/`` on ``app`` (API routes must be registered before this)."""
     import gradio as gr
 

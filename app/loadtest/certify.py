@@ -159,7 +159,7 @@ async def run_scenario(url: str, workload: Workload, netem: str, loops: int, see
 async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every responder × scenario; returns the header and the samples (raises ValueError on no server)."""
     from app.loadtest.llm_standin import StandInLLM
-    from app.loadtest.rounds import SpawnedServer
+    from app.loadtest.spawn import SpawnedServer
 
     workload = await asyncio.to_thread(workload_clip, WORKLOADS[args.workload])
     samples: list[dict[str, Any]] = []
@@ -246,9 +246,9 @@ speech → first token) p50 {v['turn_ms_p50']} ms, p95 {v['turn_ms_p95']} ms.</p
 
 
 def _ttft_svg(samples: list[dict[str, Any]]) -> str:
-    from app.loadtest.report import _figure, _svg
+    from app.loadtest.report import figure_svg, new_figure
 
-    fig, ax = _figure()
+    fig, ax = new_figure()
     first = [s for s in samples if s["kind"] == "ttft"]
     for scenario in sorted({s["scenario"] for s in first}):
         mine = [s for s in first if s["scenario"] == scenario]
@@ -261,13 +261,13 @@ def _ttft_svg(samples: list[dict[str, Any]]) -> str:
     ax.set_ylabel("ms")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
-    return _svg(fig)
+    return figure_svg(fig)
 
 
 def _itl_svg(samples: list[dict[str, Any]]) -> str:
-    from app.loadtest.report import _figure, _svg
+    from app.loadtest.report import figure_svg, new_figure
 
-    fig, ax = _figure()
+    fig, ax = new_figure()
     itl = [s for s in samples if s["kind"] == "itl"]
     for scenario in sorted({s["scenario"] for s in itl}):
         mine = [s for s in itl if s["scenario"] == scenario]
@@ -275,7 +275,7 @@ def _itl_svg(samples: list[dict[str, Any]]) -> str:
     ax.set_xlabel("client time (s)")
     ax.set_ylabel("ITL (ms)")
     ax.legend(fontsize=7)
-    return _svg(fig)
+    return figure_svg(fig)
 
 
 # --- command line -------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from app.loadtest.netem import parse_profile
-    from app.loadtest.rounds import check_loopback_url
+    from app.loadtest.spawn import check_loopback_url
 
     args = build_parser().parse_args(argv)
     args.argv = list(argv)

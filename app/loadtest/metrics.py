@@ -13,7 +13,6 @@ server clock; matching tokens to truth words estimates that lag (``clock_lag_s``
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from alignment.rounding import round_or_none, to_ms
 from alignment.sync import FLAG_THRESHOLD_MS
+from alignment.text import dictionary_form as normalise  # how token text is compared to the script
 from alignment.types import SAMPLE_RATE
 
 
@@ -46,11 +47,6 @@ class ClipTruth:
     @property
     def utterance_end(self) -> float:
         return self.words[-1].end if self.words else 0.0
-
-
-def normalise(word: str) -> str:
-    """Lower case, letters and digits only: how token text is compared to the script."""
-    return re.sub(r"[^a-z0-9']", "", word.lower()).strip("'")
 
 
 def word_ends(samples: np.ndarray, starts: Sequence[float], rel_threshold: float = 0.03) -> list[float]:
@@ -231,12 +227,12 @@ def ttft_and_itl(
     return {
         "utterances": len(groups),
         "ttft_ms": [round(x * 1000, 1) for x in ttft],
-        "ttft_ms_p50": _ms(quantile(ttft, 0.5)),
-        "ttft_ms_p99": _ms(quantile(ttft, 0.99)),
-        "itl_ms_p50": _ms(quantile(itl, 0.5)),
-        "itl_ms_max": _ms(max(itl) if itl else None),
-        "jitter_ms_max": _ms(max(sigmas) if sigmas else None),
-        "jitter_ms_p50": _ms(quantile(sigmas, 0.5)),
+        "ttft_ms_p50": to_ms(quantile(ttft, 0.5)),
+        "ttft_ms_p99": to_ms(quantile(ttft, 0.99)),
+        "itl_ms_p50": to_ms(quantile(itl, 0.5)),
+        "itl_ms_max": to_ms(max(itl) if itl else None),
+        "jitter_ms_max": to_ms(max(sigmas) if sigmas else None),
+        "jitter_ms_p50": to_ms(quantile(sigmas, 0.5)),
     }
 
 
@@ -267,9 +263,9 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "checks": n,
         "ok": ok,
         "pass_rate": round(ok / n, 4) if n else None,
-        "max_delta_ms_p50": _round(quantile(deltas, 0.5)),
-        "max_delta_ms_p95": _round(quantile(deltas, 0.95)),
-        "video_minus_audio_ms_p50": _round(offset),
+        "max_delta_ms_p50": round_or_none(quantile(deltas, 0.5), 2),
+        "max_delta_ms_p95": round_or_none(quantile(deltas, 0.95), 2),
+        "video_minus_audio_ms_p50": round_or_none(offset, 2),
         "evidence_checks": len(av),
         "evidence": evidence,
         # The validator's own offset policy: the evidence put the video more than 40 ms off the audio.
@@ -277,7 +273,7 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         # Words after silence checked against their acoustic onset (audio time vs the audio itself).
         "onset_checks": len(onset_err),
         "onset_failed": sum(not bool(s.get("ok")) for s in onset_checked),
-        "onset_error_ms_p50": _round(quantile(onset_err, 0.5)),
+        "onset_error_ms_p50": round_or_none(quantile(onset_err, 0.5), 2),
     }
 
 
@@ -305,14 +301,6 @@ def flash_lags(
     return out
 
 
-def _ms(x: float | None) -> float | None:
-    return None if x is None else round(x * 1000.0, 1)
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 2)
-
-
 def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> dict[str, Any]:
     """p50/p95/max of word→token latency (first and final), recall; words before ``settle_s`` skipped."""
     ws = [w for w in words if w.start >= settle_s]
@@ -324,9 +312,9 @@ def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> 
         "matched": len(first),
         "recall": round(len(first) / len(ws), 4) if ws else None,
         "recall_text": round(by_text / len(ws), 4) if ws else None,
-        "latency_ms_p50": _ms(quantile(first, 0.5)),
-        "latency_ms_p95": _ms(quantile(first, 0.95)),
-        "latency_ms_max": _ms(max(first) if first else None),
-        "final_latency_ms_p50": _ms(quantile(final, 0.5)),
-        "final_latency_ms_p95": _ms(quantile(final, 0.95)),
+        "latency_ms_p50": to_ms(quantile(first, 0.5)),
+        "latency_ms_p95": to_ms(quantile(first, 0.95)),
+        "latency_ms_max": to_ms(max(first) if first else None),
+        "final_latency_ms_p50": to_ms(quantile(final, 0.5)),
+        "final_latency_ms_p95": to_ms(quantile(final, 0.95)),
     }

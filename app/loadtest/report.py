@@ -71,7 +71,8 @@ def text_summary(report: dict[str, Any]) -> str:
 
 # --- charts -------------------------------------------------------------------------------------
 
-def _svg(fig: Any) -> str:
+def figure_svg(fig: Any) -> str:
+    """The figure as inline SVG text (then closed): the page must carry its charts, not link them."""
     import matplotlib.pyplot as plt
 
     buf = io.StringIO()
@@ -82,7 +83,8 @@ def _svg(fig: Any) -> str:
     return text[text.find("<svg"):]
 
 
-def _figure(w: float = 7.0, h: float = 3.2) -> tuple[Any, Any]:
+def new_figure(w: float = 7.0, h: float = 3.2) -> tuple[Any, Any]:
+    """A headless matplotlib figure whose SVG keeps its text as text (smaller, searchable)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,7 +96,7 @@ def _figure(w: float = 7.0, h: float = 3.2) -> tuple[Any, Any]:
 
 def latency_cdf_svg(rnd: dict[str, Any]) -> str:
     """CDF of word→token latency, one line per peer plus all peers pooled."""
-    fig, ax = _figure()
+    fig, ax = new_figure()
     pooled = []
     for p in rnd["peers"]:
         lat = sorted((w[2] - w[1]) * 1000 for w in p.get("words", []) if w[2] is not None)
@@ -113,7 +115,7 @@ def latency_cdf_svg(rnd: dict[str, Any]) -> str:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, ncol=2, loc="lower right")
     ax.grid(alpha=0.3)
-    return _svg(fig)
+    return figure_svg(fig)
 
 
 def timelines_svg(rnd: dict[str, Any]) -> str:
@@ -121,7 +123,7 @@ def timelines_svg(rnd: dict[str, Any]) -> str:
     peers = [p for p in rnd["peers"] if p.get("connected")]
     if not peers:
         return "<p>no peer connected</p>"
-    fig, axes = _figure(7.0, 6.0)
+    fig, axes = new_figure(7.0, 6.0)
     fig.clf()
     ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True)
     for p in peers:
@@ -145,7 +147,7 @@ def timelines_svg(rnd: dict[str, Any]) -> str:
         ax.grid(alpha=0.3)
     if ax1.get_legend_handles_labels()[0]:
         ax1.legend(fontsize=7, ncol=4, loc="upper left")
-    return _svg(fig)
+    return figure_svg(fig)
 
 
 def cpu_svg(rnd: dict[str, Any]) -> str:
@@ -153,7 +155,7 @@ def cpu_svg(rnd: dict[str, Any]) -> str:
     cpu = rnd.get("cpu") or []
     if not cpu:
         return "<p>no CPU samples</p>"
-    fig, ax = _figure(7.0, 2.6)
+    fig, ax = new_figure(7.0, 2.6)
     t = [s[0] for s in cpu]
     if any(s[1] is not None for s in cpu):
         ax.plot(t, [s[1] if s[1] is not None else np.nan for s in cpu], label="server (process tree)")
@@ -164,14 +166,14 @@ def cpu_svg(rnd: dict[str, Any]) -> str:
     ax.set_xlabel("s since round start")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _svg(fig)
+    return figure_svg(fig)
 
 
 def ramp_svg(report: dict[str, Any]) -> str:
     rounds = report.get("rounds", [])
     if len(rounds) < 2:
         return ""
-    fig, ax = _figure(7.0, 2.6)
+    fig, ax = new_figure(7.0, 2.6)
     n = [r["n_peers"] for r in rounds]
     ax.plot(n, [r["aggregate"]["latency_ms_p95"] or np.nan for r in rounds], "o-", label="p95 word→token ms")
     ax.axhline(1000, color="r", ls="--", lw=1)
@@ -183,7 +185,7 @@ def ramp_svg(report: dict[str, Any]) -> str:
     ax.set_ylabel("p95 ms")
     ax2.set_ylabel("Level-3 pass %")
     ax.grid(alpha=0.3)
-    return _svg(fig)
+    return figure_svg(fig)
 
 
 # --- page ---------------------------------------------------------------------------------------

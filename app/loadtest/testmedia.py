@@ -6,7 +6,8 @@ against a truth the pipeline did not produce itself:
 * speech from libespeak-ng (``alignment.espeak``, re-exported here), with its word events as
   exact word onsets;
 * a face video made from a portrait that matplotlib ships (Grace Hopper, public domain), whose
-  mouth opens with the speech envelope, so lip motion carries real audio-visual evidence;
+  mouth opens with the speech envelope, so lip motion carries real audio-visual evidence
+  (``app.talking_face``, re-exported here);
 * broadcast-style sync markers: a white flash in the video and a 1 kHz click in the audio at
   the same instants, optionally with a deliberately injected audio/video offset.
 """
@@ -29,9 +30,11 @@ from alignment.espeak import (
     synthesize_speech_fresh,
 )
 from alignment.types import SAMPLE_RATE
+from app.talking_face import portrait, talking_face_frames
 
 __all__ = [  # re-exported
-    "EspeakUnavailable", "Speech", "TimedWord", "resample", "synthesize_speech", "synthesize_speech_fresh",
+    "EspeakUnavailable", "Speech", "TimedWord", "portrait", "resample", "synthesize_speech",
+    "synthesize_speech_fresh", "talking_face_frames",
 ]
 
 
@@ -46,15 +49,6 @@ def add_noise(samples: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
 
 # --- video ----------------------------------------------------------------------------------
 
-def portrait() -> np.ndarray:
-    """A real face photo (RGB uint8) that matplotlib ships: Grace Hopper, public domain."""
-    from matplotlib import cbook
-    from PIL import Image
-
-    with cbook.get_sample_data("grace_hopper.jpg") as fh:
-        return np.asarray(Image.open(fh).convert("RGB"))
-
-
 def speech_envelope(samples: np.ndarray, times: np.ndarray, window_s: float = 0.04) -> np.ndarray:
     """RMS of the audio in a window centred on each time, normalised to [0, 1]."""
     half = int(window_s * SAMPLE_RATE / 2)
@@ -65,44 +59,6 @@ def speech_envelope(samples: np.ndarray, times: np.ndarray, window_s: float = 0.
     )
     peak = env.max() if env.size and env.max() > 0 else 1.0
     return np.clip(env / peak, 0.0, 1.0)
-
-
-def talking_face_frames(
-    envelope: np.ndarray, size: tuple[int, int] = (640, 360), base: np.ndarray | None = None
-) -> list[np.ndarray]:
-    """One frame per envelope value: the portrait centred in ``size`` (w, h), jaw dropped by the value.
-
-    The mouth region is stretched downward (up to 4 % of the frame height) with a dark mouth gap,
-    enough for a face tracker to see the lips part.
-    """
-    from PIL import Image
-
-    w, h = size
-    img = base if base is not None else portrait()
-    scale = h / img.shape[0]
-    face = np.asarray(Image.fromarray(img).resize((int(img.shape[1] * scale), h)))
-    canvas = np.zeros((h, w, 3), np.uint8)
-    x0 = max((w - face.shape[1]) // 2, 0)
-    face = face[:, : w - x0]
-    canvas[:, x0 : x0 + face.shape[1]] = face
-    # Mouth of the Grace Hopper portrait, as fractions of the (resized) face image.
-    mouth_y = int(0.458 * h)
-    mouth_x0, mouth_x1 = x0 + int(0.45 * face.shape[1]), x0 + int(0.58 * face.shape[1])
-    chin_y = int(0.56 * h)
-    frames = []
-    for value in envelope:
-        frame = canvas.copy()
-        drop = int(round(float(value) * 0.04 * h))
-        if drop > 0:
-            region = canvas[mouth_y:chin_y, mouth_x0 - 20 : mouth_x1 + 20]
-            stretched = np.asarray(
-                Image.fromarray(region).resize((region.shape[1], region.shape[0] + drop))
-            )[: chin_y - mouth_y]
-            frame[mouth_y + drop : chin_y, mouth_x0 - 20 : mouth_x1 + 20] = stretched[: chin_y - mouth_y - drop]
-            gap = slice(mouth_y, mouth_y + drop)
-            frame[gap, mouth_x0:mouth_x1] = (frame[gap, mouth_x0:mouth_x1] * 0.25).astype(np.uint8) + 15
-        frames.append(frame)
-    return frames
 
 
 # --- sync markers ---------------------------------------------------------------------------

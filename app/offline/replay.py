@@ -17,8 +17,8 @@ from typing import Any
 from alignment.lst import LSTMeter
 from alignment.pacing import TokenPacer
 from alignment.types import LoadEstimate, TokenRatePolicy, WordToken
+from app import pipeline
 from models.controller import policy_for_level
-from models.responders import make_responder
 
 
 class _VirtualClock:
@@ -50,7 +50,7 @@ def replay_lst(tokens: Sequence[WordToken], loads: Sequence[LoadEstimate], asr_s
         utterances.setdefault(tok.utterance, []).append(tok)
     speech_s = sum(max(ws[-1].end - ws[0].start, 0.0) for ws in utterances.values()) or 1.0
     clock, meter = _VirtualClock(), LSTMeter()
-    responder = make_responder("caption")
+    responder = pipeline.responders("caption", None)()
     responses = []
 
     async def run() -> None:

@@ -1,0 +1,77 @@
+"""Admission: how many sessions the server takes now, and the once-a-second measurement behind it.
+
+Each second the CPU per stage goes to ``/metrics``, the measured CPU per session updates the
+capacity (``app.live.cpu_account``), and the overload signal moves the degradation level
+(``app.live.degrade``), whose ASR step reaches the shared worker at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from app.live.config import ServerConfig
+from app.live.cpu_account import Capacity, CapacityEstimate, CpuAccount
+from app.live.degrade import ORDER, Degradation, OverloadSignal
+from app.live.server_metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from models.asr import ASRWorker
+
+log = logging.getLogger("synchrony.server")
+
+
+class Admission:
+    """The server's CPU account, capacity estimate and degradation level, and the limit they set."""
+
+    def __init__(self, config: ServerConfig, metrics: ServerMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.account = CpuAccount()
+        self.capacity = CapacityEstimate(config.session_cost_cores, target_utilisation=config.target_utilisation,
+                                         max_sessions=config.max_sessions)
+        self.current: Capacity = self.capacity.current()
+        self.degradation = Degradation(enabled=config.degrade)
+
+    def measure(self, live: int, worker: ASRWorker | None) -> None:
+        """Once a second, with ``live`` sessions: CPU per stage into /metrics, and the capacity
+        admission uses."""
+        metrics = self.metrics
+        metrics.stage_cpu_totals(self.account.sample())
+        now = self.current = self.capacity.update(live)
+        backlog = worker.stats().oldest_wait_s if worker is not None else 0.0
+        before = self.degradation.level
+        signal = OverloadSignal(self.capacity.rate, self.capacity.cores, backlog, metrics.word_latency_median())
+        level = self.degradation.update(signal, time.monotonic())
+        if level != before:
+            log.warning("degradation level %d -> %d (%s)", before, level, ", ".join(ORDER[:level]) or "none")
+            if worker is not None:
+                worker.set_step_s(self.degradation.effects.asr_step_s)
+        metrics.degradation.set(level)
+        metrics.capacity.set(self.limit(live))
+        metrics.session_cost.set(now.cost_cores)
+        metrics.idle_cost.set(now.idle_cores)
+
+    def limit(self, live: int) -> int:
+        """Sessions admitted now. Measured: none beyond the ``live`` ones while the server sheds work
+        (degradation level > 0), since a starved process also under-measures its cost per session."""
+        limit = self.config.max_sessions
+        if self.config.admission != "fixed":
+            limit = min(limit, self.current.sessions)
+            if self.degradation.level > 0:
+                limit = min(limit, live)
+        return limit
+
+    def full(self, limit: int) -> str:
+        """Why the server is full at ``limit`` sessions, for the 503's message."""
+        if self.degradation.level > 0:
+            return "shedding work under overload"
+        return "max_sessions" if limit == self.config.max_sessions else "measured capacity"
+
+    def readiness(self) -> dict[str, object]:
+        """The admission and degradation parts of ``/readyz``."""
+        level = self.degradation.level
+        return {"admission": {"mode": self.config.admission, **asdict(self.current)},
+                "degradation": {"level": level, "steps": list(ORDER[:level]), "order": list(ORDER)}}

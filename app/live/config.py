@@ -1,0 +1,45 @@
+"""What ``synchrony serve`` can set, in one frozen record: the routes, the warm-up and the sessions
+read it; the cluster gives the same record to every node's server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_SDP_BYTES = 64 * 1024
+#: CPU (cores) of one full-pipeline session with the load test's clip on a 2-core machine, as
+#: ``bench/capacity.py`` measures it (the high end of its rounds, so a fresh server errs towards
+#: refusing): the admission estimate until the server has measured its own.
+SESSION_COST_CORES = 0.88
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``synchrony serve`` can set."""
+
+    max_sessions: int = 4
+    video_backend: str = "overlay"
+    svd_model: str | None = None
+    responder: str = "caption"
+    llm_url: str | None = None
+    whisper_path: str | None = None
+    auth_token: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    output_delay_s: float = 1.5  # > final-word latency p95 (bench/asr_stream.py), so captions land on their frames
+    output_size: tuple[int, int] = (640, 360)
+    media_timeout_s: float = 10.0
+    asr_lanes: int = 2  # decode threads sharing the sessions (one per core: decodes of different sessions overlap)
+    # "measured": admit as many as the measured CPU per session allows (``synchrony serve``'s default);
+    # "fixed": max_sessions (in-process test servers, whose CPU includes their own test peers)
+    admission: str = "fixed"
+    session_cost_cores: float = SESSION_COST_CORES  # CPU per session until this server has measured its own
+    target_utilisation: float = 0.85  # of the usable cores, for admitted sessions
+    retry_after_s: int = 5  # Retry-After of a 503 when full
+    # under a brief overload, shed work in app.live.degrade.ORDER before words run late (``synchrony serve``'s
+    # default; off for in-process servers, whose load includes their own test peers)
+    degrade: bool = False
+    turn_end_s: float = 0.3  # silence that ends a user's turn (app/live/turns.py); 0: the ASR's endpoint decides
+    turn_unfinished_end_s: float = 0.6  # ... after a word a sentence rarely ends on
+    max_sdp_bytes: int = MAX_SDP_BYTES
+    ui: bool = True  # mount the Gradio page at /
+    warmup: bool = True  # load and run every model before /readyz says ready
+    stages: tuple[str, ...] = ("faces", "controller", "asr", "render", "sync", "response", "lst")

@@ -1,0 +1,88 @@
+"""CPU of the server's process tree and of the load-test workers during a round, and the server's
+degradation level: the report shows the client's cost next to the server's so the reader can judge."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+from app.loadtest import metrics as lm
+
+
+class CpuSampler:
+    """Samples CPU % of the server process tree and of the load-test workers every ``period_s``."""
+
+    def __init__(self, server_pid: int | None, period_s: float = 0.5, max_samples: int = 20_000,
+                 readyz_url: str | None = None) -> None:
+        """``readyz_url``: also record the server's degradation level (``/readyz``) once a second."""
+        import psutil
+
+        self._psutil = psutil
+        self.server = psutil.Process(server_pid) if server_pid else None
+        self.workers: list[Any] = []
+        self.period_s = period_s
+        self.max_samples = max_samples
+        self.samples: list[tuple[float, float | None, float, float]] = []  # (t, server %, clients %, machine %)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._t0 = time.monotonic()
+        self._tree: dict[int, Any] = {}
+        self.readyz_url = readyz_url
+        self.degradation: list[tuple[float, int]] = []  # (t, level) whenever the level changed
+
+    def _tree_percent(self) -> float | None:
+        if self.server is None:
+            return None
+        try:
+            procs = [self.server, *self.server.children(recursive=True)]
+        except self._psutil.Error:
+            return None
+        total = 0.0
+        for p in procs:
+            cached = self._tree.setdefault(p.pid, p)
+            with contextlib.suppress(self._psutil.Error):
+                total += cached.cpu_percent(None)
+        return total
+
+    def _workers_percent(self) -> float:
+        total = 0.0
+        for p in self.workers:
+            with contextlib.suppress(self._psutil.Error):
+                total += p.cpu_percent(None)
+        return total
+
+    def _run(self) -> None:
+        self._tree_percent()
+        self._psutil.cpu_percent(None)
+        while not self._stop.wait(self.period_s) and len(self.samples) < self.max_samples:
+            self.samples.append((round(time.monotonic() - self._t0, 2), lm.round_or_none(self._tree_percent(), 1),
+                                 round(self._workers_percent(), 1), self._psutil.cpu_percent(None)))
+            if self.readyz_url and len(self.samples) % max(int(round(1.0 / self.period_s)), 1) == 0:
+                self._poll_degradation()
+
+    def _poll_degradation(self) -> None:
+        import httpx
+
+        try:
+            level = httpx.get(self.readyz_url, timeout=1.0).json().get("degradation", {}).get("level")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        if isinstance(level, int) and (not self.degradation or self.degradation[-1][1] != level):
+            self.degradation.append((round(time.monotonic() - self._t0, 1), level))
+
+    def add_worker(self, pid: int) -> None:
+        with contextlib.suppress(self._psutil.Error):
+            p = self._psutil.Process(pid)
+            p.cpu_percent(None)
+            self.workers.append(p)
+
+    def start(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[float, float | None, float, float]]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return list(self.samples)

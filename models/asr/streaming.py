@@ -1,0 +1,498 @@
+"""Streaming recognition policy for one session: when to decode, which words become final.
+
+VAD gates compute and endpoints utterances; the current utterance window is re-decoded every
+``step_s`` of new speech with the committed words forced as a decoder prefix (not re-decoded)
+and the last hypothesis verified as a draft in one batched pass; a window opens on the previous
+utterance's last words (audio and forced text) when the pause was short; LocalAgreement-2 (a
+word seen at the same position in two consecutive hypotheses) turns interims into finals, with a
+probability guard (an unsure word waits for more audio after it, and is decoded again the moment
+that wait ends); at an endpoint every pending word is finalised at once and an
+:class:`UtteranceEnd` carries the VAD end of speech.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+
+import numpy as np
+from whisper.model import Whisper
+
+from alignment.text import without_punctuation
+from alignment.timing import end_by_next_start, refine_word_times
+from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
+from models.asr.engine import DecodedWord, Engine, check_audio, get_engine
+from models.vad import StreamingVAD, VADConfig, VADEvent
+
+MAX_WINDOW_S = 20.0  # a streaming window is re-based once it grows past this
+
+
+@dataclass(frozen=True)
+class UtteranceEnd:
+    """The user stopped speaking at ``pts`` (VAD end of speech); ``text`` is the final utterance."""
+
+    pts: float
+    utterance: int
+    text: str
+
+
+ASREvent = WordToken | UtteranceEnd
+
+
+class _AudioBuffer:
+    """Recent audio of one stream with its pts; trimmed from the front, never grows past capacity."""
+
+    def __init__(self, capacity_s: float) -> None:
+        self._data = np.zeros(int(capacity_s * SAMPLE_RATE), np.float32)
+        self._len = 0
+        self.start = 0.0  # pts of the first held sample
+
+    @property
+    def end(self) -> float:
+        return self.start + self._len / SAMPLE_RATE
+
+    def reset(self, pts: float) -> None:
+        self._len, self.start = 0, pts
+
+    def append(self, samples: np.ndarray) -> None:
+        n = samples.size
+        cap = self._data.size
+        if n >= cap:
+            self.start = self.end + (n - cap) / SAMPLE_RATE
+            self._data[:] = samples[-cap:]
+            self._len = cap
+            return
+        if self._len + n > cap:
+            self.trim_before(self.start + (self._len + n - cap) / SAMPLE_RATE)
+        self._data[self._len : self._len + n] = samples
+        self._len += n
+
+    def trim_before(self, pts: float) -> None:
+        k = min(max(int(round((pts - self.start) * SAMPLE_RATE)), 0), self._len)
+        if k:
+            self._data[: self._len - k] = self._data[k : self._len]
+            self._len -= k
+            self.start += k / SAMPLE_RATE
+
+    def slice(self, a: float, b: float) -> np.ndarray:
+        i = min(max(int(round((a - self.start) * SAMPLE_RATE)), 0), self._len)
+        j = min(max(int(round((b - self.start) * SAMPLE_RATE)), i), self._len)
+        return self._data[i:j].copy()
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    """Streaming knobs (defaults chosen on espeak speech with tiny.en; see bench/asr_stream.py).
+
+    Final-word latency is roughly ``right_context_s`` + up to two ``step_s`` + one decode for
+    words inside an utterance, and ``min_silence_s`` + one decode for its last word. Words the
+    model is unsure of (``guard_prob``; tiny.en's misheard words mostly are) wait for
+    ``guard_s`` of audio after them, and a decode is scheduled for the moment that wait ends
+    (``guard_decode``) rather than the next step after it (up to ``step_s`` later).
+    An utterance that follows within ``carry_gap_s`` starts its window on the last ``carry_s``
+    of the previous one's final words (their audio before the pre-roll, the pause cut out; their
+    text forced as the prefix): the context offline decoding has. Without it tiny.en garbled
+    utterance starts, and that context is what lets ``step_s``, ``min_commit_s`` and
+    ``guard_prob`` be as low as they are. Forced through the carried words, tiny.en tends to end
+    the text for the first decodes of the new speech, so once ``expect_after_s`` of it is heard
+    the decode may not end before a new word: the first word agrees a step sooner. The figures
+    behind these defaults are in docs/asr-measurements.md.
+    """
+
+    step_s: float = 0.15  # re-decode after this much new speech audio
+    min_silence_s: float = 0.25  # VAD silence that ends an utterance
+    vad_threshold: float = 0.5
+    pre_roll_s: float = 0.25  # audio kept before the VAD start
+    tail_s: float = 0.15  # audio kept after the VAD end when finalising
+    lookahead_s: float = 0.1  # refinement may look this far past a word's estimated end (bounded)
+    refine_context: int = 2  # final words of the utterance that lead the refinement's reference
+    agreement: int = 2  # LocalAgreement-n
+    min_commit_s: float = 0.3  # no finals before the utterance has this much audio (junk guard)
+    right_context_s: float = 0.05  # a word becomes final only with this much audio after it
+    guard_prob: float = 0.5  # an agreed word below this probability ...
+    guard_s: float = 0.5  # ... becomes final only with this much audio after it
+    guard_decode: bool = True  # decode when a held word's guard ends, not on the next step after it
+    expect_after_s: float | None = 0.15  # a carried window with this much new speech must go on (None: off)
+    end_min_prob: float = 0.2  # at an endpoint, trailing words below this are the model hearing silence
+    max_window_s: float = MAX_WINDOW_S  # past this, re-base the window at a final word boundary
+    context_s: float = 0.0  # audio of final words kept in a re-based window (acoustic context)
+    carry_s: float = 2.0  # the next utterance's window starts with this much of the last one's words ...
+    carry_gap_s: float = 2.0  # ... when the pause between them is at most this long
+    max_gap_s: float = 1.0  # a pts gap up to this is filled with silence; longer restarts the stream
+    int8: bool = True  # int8 copies of the encoder and decoder blocks (WhisperEngine; models.int8)
+    refine: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2 or self.context_s < 0
+                or self.refine_context < 0):
+            raise ValueError(f"invalid streaming config {self}")
+
+
+class StreamingASR:
+    """Per-session streaming recogniser. Not thread-safe; one caller at a time (the worker).
+
+    ``feed(chunk)`` and ``flush()`` return :data:`ASREvent` lists in emission order: interim
+    WordTokens (``final=False``; a later token with the same ``utterance`` and ``index`` replaces
+    it; interims past the last index of a later hypothesis are stale), final WordTokens (never
+    change), and :class:`UtteranceEnd` after each utterance's finals.
+
+    ``_on_audio`` / ``_heard`` / ``flush`` (the VAD gate) and ``_after_prefix`` (the forced prefix)
+    are the seams bench/asr_engines.py's baseline overrides to compare with the usual recipe.
+    """
+
+    def __init__(
+        self,
+        engine: str | Engine = "whisper",
+        config: StreamingConfig | None = None,
+        model: Whisper | None = None,
+    ) -> None:
+        self.config = config or StreamingConfig()
+        self.engine = get_engine(engine, model, int8=self.config.int8)
+        cfg = self.config
+        self._vad = StreamingVAD(VADConfig(threshold=cfg.vad_threshold, min_silence_s=cfg.min_silence_s))
+        self._buf = _AudioBuffer(max(cfg.max_window_s, MAX_WINDOW_S) + cfg.pre_roll_s + cfg.min_silence_s + 3.0)
+        self._started = False
+        self._pos = 0.0  # pts of the next expected sample
+        self._utt = -1
+        self._in_utt = False
+        self._win_start = 0.0
+        self._committed: list[DecodedWord] = []  # finals in the current window (window-relative)
+        self._n_final = 0  # finals emitted in the current utterance
+        self._refined: list[WordToken] = []  # this utterance's last final tokens (refinement context)
+        self._prompt = ""  # finals of this utterance before the current window
+        self._hyp: list[DecodedWord] = []  # last hypothesis after the committed words
+        self._hyp_history: deque[list[str]] = deque(maxlen=max(self.config.agreement - 1, 1))
+        self._decoded_until = 0.0
+        self._guard_end = float("inf")  # pts where the held word's guard ends: decode then
+        self._utt_start = 0.0
+        self._utt_text: list[str] = []
+        # The window may open on carried audio (the last utterance's final words, the pause cut out):
+        # window time t >= _lead is session time _win_start + t; before _lead it is the carry.
+        self._lead_audio = np.zeros(0, np.float32)
+        self._carry: tuple[np.ndarray, list[DecodedWord]] | None = None  # for the next utterance
+        self._speech_end = -1e9  # pts where the last utterance's speech ended
+        self.decode_count = 0
+        self.decode_s = 0.0
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def feed(self, chunk: AudioChunk) -> list[ASREvent]:
+        """Consume one chunk; decode at most once; return the events it produced."""
+        samples = check_audio(chunk.samples)
+        events: list[ASREvent] = []
+        if not self._started:
+            self._started = True
+            self._pos = chunk.pts
+            self._vad.reset(chunk.pts)
+            self._buf.reset(chunk.pts)
+        gap = chunk.pts - self._pos
+        if gap > self.config.max_gap_s:
+            events += self._end_stream()
+            self._pos = chunk.pts
+            self._vad.reset(chunk.pts)
+            self._buf.reset(chunk.pts)
+            self._carry = None
+        elif gap > 0.5 / SAMPLE_RATE:
+            samples = np.concatenate([np.zeros(int(round(gap * SAMPLE_RATE)), np.float32), samples])
+        elif gap < -0.5 / SAMPLE_RATE:
+            samples = samples[min(int(round(-gap * SAMPLE_RATE)), samples.size) :]
+        if samples.size == 0:
+            return events
+        events += self._on_audio(samples)
+        if self._in_utt:
+            if self._heard - self._decoded_until >= self.config.step_s - 1e-9 or self._heard >= self._guard_end:
+                events += self._decode_step()
+        else:
+            self._buf.trim_before(self._buf.end - self.config.pre_roll_s)
+        return events
+
+    def flush(self) -> list[ASREvent]:
+        """End of input: finalise the open utterance, if any."""
+        events: list[ASREvent] = []
+        for ev in self._vad.flush():
+            events += self._on_vad(ev)
+        return events
+
+    def _on_audio(self, samples: np.ndarray) -> list[ASREvent]:
+        """Hold the new audio; the VAD opens and closes utterances over it."""
+        self._buf.append(samples)
+        self._pos += samples.size / SAMPLE_RATE
+        events: list[ASREvent] = []
+        for ev in self._vad.feed(samples):
+            events += self._on_vad(ev)
+        return events
+
+    @property
+    def _heard(self) -> float:
+        """Pts up to which audio has been classified (by the VAD)."""
+        return self._vad.pts
+
+    def _end_stream(self) -> list[ASREvent]:
+        return self.flush()
+
+    # -- utterances ------------------------------------------------------------------------------
+
+    def _on_vad(self, ev: VADEvent) -> list[ASREvent]:
+        cfg = self.config
+        if ev.kind == "start":
+            if self._in_utt:
+                return []
+            self._in_utt = True
+            self._utt += 1
+            self._committed, self._hyp, self._prompt = [], [], ""
+            self._lead_audio = np.zeros(0, np.float32)
+            if self._carry is not None and ev.pts - self._speech_end <= cfg.carry_gap_s:
+                # Acoustic and textual context: the last words heard (forced as the prefix), then
+                # the pre-roll; the rest of the pause is left out (it costs encoder time only).
+                self._lead_audio, self._committed = self._carry
+            self._carry = None
+            self._win_start = max(ev.pts - cfg.pre_roll_s, self._buf.start) - self._lead
+            self._hyp_history.clear()
+            self._n_final = 0
+            self._refined = []
+            self._utt_text = []
+            self._decoded_until = ev.pts
+            self._guard_end = float("inf")
+            self._utt_start = ev.pts
+            return []
+        if not self._in_utt:
+            return []
+        end = ev.pts
+        audio_end = min(end + cfg.tail_s, self._buf.end)
+        events = self._finalise(audio_end, end)
+        self._in_utt = False
+        events.append(UtteranceEnd(end, self._utt, " ".join(self._utt_text)))
+        self._speech_end = end
+        self._carry = self._carry_out(audio_end)
+        # Only up to the end of speech: a big chunk may already hold the next utterance.
+        self._buf.trim_before(end)
+        return events
+
+    def _decode(self, audio_end: float, extra_silence_s: float = 0.0) -> list[DecodedWord]:
+        """Decode the window up to ``audio_end`` (plus ``extra_silence_s`` of zeros); return the words
+        after the committed ones."""
+        audio = self._buf.slice(self._win_start + self._lead, audio_end)
+        if self._lead_audio.size:
+            audio = np.concatenate([self._lead_audio, audio])
+        if extra_silence_s > 0:
+            audio = np.concatenate([audio, np.zeros(int(extra_silence_s * SAMPLE_RATE), np.float32)])
+        # Punctuation is left out of the forced prefix: a forced full stop invites end-of-text.
+        prefix = [_bare(w.raw) for w in self._committed]
+        t = time.perf_counter()
+        draft = [w.raw for w in self._hyp]
+        # An utterance opening on carried words: tiny.en, forced through them, tends to end the text
+        # there although new speech follows; it may not, once that speech is long enough for a word.
+        after = self.config.expect_after_s
+        expect = (after is not None and self._lead > 0 and audio_end - self._utt_start >= after
+                  and not self._live_finals)
+        words = self.engine.transcribe(audio, prefix=prefix, prompt=self._prompt, draft=draft,
+                                       expect_words=expect)
+        words = self._after_prefix(words, audio)
+        # Words that end before this utterance's speech began re-hear the carried context.
+        onset = self._utt_start - self._win_start - 0.05
+        while words and words[0].end <= onset:
+            words = words[1:]
+        self.decode_s += time.perf_counter() - t
+        self.decode_count += 1
+        self._decoded_until = audio_end
+        return words
+
+    def _after_prefix(self, words: list[DecodedWord], audio: np.ndarray) -> list[DecodedWord]:
+        """The decoded words after the forced committed ones; when the prefix ended the text
+        although speech went on, the rest of the window decoded unprefixed."""
+        words = words[len(self._committed) :]
+        done = self._committed[-1].end if self._committed else 0.0
+        # Sooner with a carry: the new speech repeating the carried words stops the model.
+        if not words and self._committed and audio.size / SAMPLE_RATE - done > (0.3 if self._lead else 0.6):
+            # The prefix ended the text although speech went on: decode the rest unprefixed.
+            cut = max(done - 0.1, 0.0)
+            prompt = (self._prompt + "".join(w.raw for w in self._committed)).strip()
+            rest = self.engine.transcribe(audio[int(cut * SAMPLE_RATE) :], prompt=prompt)
+            words = [replace(w, start=w.start + cut, end=w.end + cut) for w in rest if w.start + cut >= done - 0.05]
+            carried = {w.key for w in self._committed if w.start < self._lead}
+            if len(words) >= 2 and all(w.key in carried for w in words[:2]):
+                # The new speech repeats the carried words, and the forced carry made the
+                # model stop: drop the carry for the rest of this utterance.
+                shift = self._drop_lead()
+                words = [replace(w, start=w.start - shift, end=w.end - shift) for w in words]
+        return words
+
+    def _decode_step(self) -> list[ASREvent]:
+        cfg = self.config
+        if self._heard - self._win_start > cfg.max_window_s:
+            self._rebase()
+        new = self._decode(self._heard)
+        keys = [w.key for w in new]
+        n_agree = len(new)
+        for old in self._hyp_history:
+            n = 0
+            while n < min(len(old), len(keys)) and old[n] == keys[n]:
+                n += 1
+            n_agree = min(n_agree, n)
+        if len(self._hyp_history) < max(cfg.agreement - 1, 1) and cfg.agreement > 1:
+            n_agree = 0
+        if cfg.agreement <= 1:
+            n_agree = len(new)
+        heard = self._heard - self._win_start
+        if self._heard - self._utt_start < cfg.min_commit_s:
+            n_agree = 0
+        while n_agree and new[n_agree - 1].end > heard - cfg.right_context_s:
+            n_agree -= 1
+        self._guard_end = float("inf")
+        for i in range(n_agree):  # an unsure word needs more audio after it (misheard words are)
+            if new[i].probability < cfg.guard_prob and new[i].end > heard - cfg.guard_s:
+                n_agree = i
+                if cfg.guard_decode:  # (at least 50 ms on: a drifting word end cannot make every chunk decode)
+                    self._guard_end = max(self._win_start + new[i].end + cfg.guard_s, self._heard + 0.05)
+                break
+        # Mid-utterance, a full stop seen on a partial window is not the end of a sentence.
+        finals = [replace(w, raw=w.raw.rstrip(".?!") or w.raw) for w in new[:n_agree]]
+        self._hyp = new[n_agree:]
+        self._hyp_history.append([w.key for w in self._hyp])
+        events = self._emit_finals(finals)
+        base = self._win_start
+        for i, w in enumerate(self._hyp):
+            events.append(WordToken(w.text, base + w.start, base + w.end, False, w.probability,
+                                    self._utt, self._n_final + i))
+        return events
+
+    def _finalise(self, audio_end: float, speech_end: float) -> list[ASREvent]:
+        """Every pending word of the utterance becomes final (one more decode if audio is new).
+
+        The model talking over silence is dropped: words that start after the VAD end of speech,
+        trailing words below ``end_min_prob``, and trailing words that repeat the ones before them.
+        """
+        if audio_end - self._decoded_until > 0.05 or not self._hyp:
+            # tiny.en now and then ends the text at once for one particular context length (the
+            # same words come back with a little more silence): retry once, then keep what was heard.
+            pending = self._decode(audio_end) or self._decode(audio_end, extra_silence_s=0.3) or self._hyp
+        else:
+            pending = self._hyp
+        pending = _heard_words(self._live_finals, pending, speech_end - self._win_start, self.config.end_min_prob)
+        self._hyp = []
+        self._hyp_history.clear()
+        return self._emit_finals(pending)
+
+    def _emit_finals(self, words: list[DecodedWord]) -> list[ASREvent]:
+        if not words:
+            return []
+        base = self._win_start
+        toks = [
+            WordToken(w.text, base + w.start, base + w.end, True, w.probability, self._utt, self._n_final + i)
+            for i, w in enumerate(words)
+        ]
+        if self.config.refine:
+            # The utterance's last final words lead the reference: a one-word reference (most
+            # finals come one or two at a time) matched any similar stretch of the audio.
+            context = [t for t in self._refined[-self.config.refine_context :]
+                       if t.start >= self._buf.start] if self.config.refine_context else []
+            audio = self._buf.slice(self._buf.start, self._buf.end)
+            refined = end_by_next_start(refine_word_times(audio, self._buf.start, context + toks,
+                                                          lookahead_s=self.config.lookahead_s,
+                                                          context=len(context)))
+            toks = [replace(t, final=True) for t in refined[len(context) :]]
+            self._refined = (self._refined + toks)[-max(self.config.refine_context, 1) :]
+        self._committed.extend(words)
+        self._n_final += len(words)
+        if self._lead > 0 and self._repeats_carry():
+            self._drop_lead()
+        self._utt_text.extend(w.text for w in words)
+        return list(toks)
+
+    def _rebase(self) -> None:
+        """Window too long: move its start to a final word boundary so a step costs O(1).
+
+        Finals ending in the last ``context_s`` stay in the window (acoustic context, forced as
+        the prefix); earlier ones move into the text prompt and their audio is dropped.
+        """
+        words = self._committed
+        if not words:
+            return
+        keep_from = words[-1].end - self.config.context_s
+        k = next((i for i, w in enumerate(words) if w.start >= keep_from), len(words))
+        if k == 0:
+            return  # every final is recent: nothing to move out yet
+        shift = words[k - 1].end
+        self._prompt = (self._prompt + "".join(w.raw for w in words[:k])).strip()[-400:]
+        self._committed = [replace(w, start=w.start - shift, end=w.end - shift) for w in words[k:]]
+        self._hyp = [replace(w, start=w.start - shift, end=w.end - shift) for w in self._hyp]
+        self._lead_audio = self._lead_audio[min(int(round(shift * SAMPLE_RATE)), self._lead_audio.size) :]
+        self._win_start += shift
+        self._buf.trim_before(self._win_start + self._lead)
+
+    @property
+    def _live_finals(self) -> list[DecodedWord]:
+        """This utterance's final words, without the carried ones that open its window."""
+        return [w for w in self._committed if w.start >= self._lead]
+
+    @property
+    def _lead(self) -> float:
+        """Seconds of carried audio at the start of the window."""
+        return self._lead_audio.size / SAMPLE_RATE
+
+    def _drop_lead(self) -> float:
+        """Open the window at the pre-roll again, without the carried words and their audio.
+
+        tiny.en ends the text right after a forced carried prefix when the new speech repeats
+        it (a looped test sentence, a user saying the same thing twice); each decode would then
+        need the unprefixed fallback, so the carry goes for the rest of the utterance as soon as
+        two final words repeat two carried ones, or a fallback starts with carried words (dropped on
+        every fallback instead, it cost WER on ordinary speech). Returns the shift of window times.
+        """
+        shift = self._lead
+        self._committed = [replace(w, start=w.start - shift, end=w.end - shift)
+                           for w in self._committed if w.start >= shift]
+        self._hyp = [replace(w, start=w.start - shift, end=w.end - shift) for w in self._hyp]
+        self._win_start += shift
+        self._lead_audio = np.zeros(0, np.float32)
+        return shift
+
+    def _repeats_carry(self) -> bool:
+        """The last two final words of this utterance are two consecutive carried words."""
+        carried = [w.key for w in self._committed if w.start < self._lead]
+        live = [w.key for w in self._live_finals][-2:]
+        return len(live) == 2 and any(carried[i : i + 2] == live for i in range(len(carried) - 1))
+
+    def _carry_out(self, audio_end: float) -> tuple[np.ndarray, list[DecodedWord]] | None:
+        """The last ``carry_s`` of this utterance's final words, their audio (to 0.1 s past the last
+        one) and their times relative to it: the next utterance's window opens on them."""
+        words = self._live_finals
+        if self.config.carry_s <= 0 or not words:
+            return None
+        last = words[-1].end
+        words = [w for w in words if w.start >= last - self.config.carry_s] or words[-1:]
+        a, b = words[0].start, min(last + 0.1, audio_end - self._win_start)
+        audio = self._buf.slice(self._win_start + a, self._win_start + b)
+        if audio.size == 0:
+            return None
+        return audio, [replace(w, start=w.start - a, end=min(w.end - a, b - a)) for w in words]
+
+
+def _heard_words(final: list[DecodedWord], pending: list[DecodedWord], speech_end: float,
+                 min_prob: float) -> list[DecodedWord]:
+    """``pending`` (an utterance's last words, decoded at its endpoint, after its ``final`` words)
+    without what the model said over the silence after the speech.
+
+    Dropped: words that start at or after ``speech_end``; trailing words below ``min_prob``; and a
+    trailing run of 2+ words that repeats the words just before it with no speech left to say it
+    in (under 0.1 s a word between the first copy's end and ``speech_end``). tiny.en, forced
+    through the final words and then hearing silence, sometimes says them again (``... Sundays and
+    holidays`` + ``and holidays.``) or adds a word at p < 0.2; a speaker who repeats a phrase has
+    the audio for it. What these rules dropped when they were chosen: docs/asr-measurements.md.
+    """
+    kept = [w for w in pending if w.start < speech_end]
+    while kept and kept[-1].probability < min_prob:
+        kept.pop()
+    words = final + kept
+    keys = [w.key for w in words]
+    for n in range(len(kept), 1, -1):
+        if keys[-n:] == keys[-2 * n : -n] and speech_end - words[-n - 1].end < 0.1 * n:
+            return kept[:-n]
+    return kept
+
+
+def _bare(raw: str) -> str:
+    """A raw Whisper word without punctuation, keeping its leading space, case and apostrophes."""
+    core = without_punctuation(raw)
+    return " " + core if core else raw

@@ -1,0 +1,363 @@
+"""The cross-session ASR scheduler: many sessions' streams on a few worker threads.
+
+Bounded per-session audio queues (a full queue drops the oldest audio and counts it),
+earliest-deadline-first scheduling on ``lanes`` worker threads (a model copy each), an async event
+stream per session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+from whisper.model import Whisper
+
+from alignment.espeak import EspeakUnavailable, synthesize_speech
+from alignment.types import SAMPLE_RATE, AudioChunk
+from models.asr.engine import Engine, WhisperEngine, get_engine
+from models.asr.streaming import ASREvent, StreamingASR, StreamingConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """A snapshot of the worker: queued audio, drops, decode cost."""
+
+    streams: int
+    queue_depth: int  # chunks waiting, all streams
+    queued_s: float  # audio seconds waiting, all streams
+    dropped_chunks: int
+    dropped_s: float
+    decodes: int
+    decode_ms_mean: float
+    decode_ms_last: float
+    events_dropped: int
+    oldest_wait_s: float = 0.0  # how long the oldest audio no lane has taken yet has waited (0: none)
+
+
+class ASRStream:
+    """One session's handle on an :class:`ASRWorker` (create with ``worker.open(session_id)``)."""
+
+    def __init__(self, cond: threading.Condition, session_id: str, asr: StreamingASR, max_queue_s: float,
+                 max_events: int, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._cond = cond  # the worker's: it guards the queue and wakes a lane
+        self.session_id = session_id
+        self.asr = asr
+        self.max_queue_s = max_queue_s
+        self._max_queue_n = int(round(max_queue_s * SAMPLE_RATE))  # samples, so no float drift
+        self._chunks: deque[AudioChunk] = deque()
+        self._queued_n = 0
+        self.dropped_chunks = 0
+        self._dropped_n = 0
+        self.events_dropped = 0
+        self._loop = loop
+        self._events: asyncio.Queue[ASREvent | None] = asyncio.Queue(maxsize=max_events)
+        self.closed = False
+        self.finished = False
+        self.busy = False  # a worker lane is feeding it (lanes never feed one stream at once)
+        self.waiting_since = float("inf")  # monotonic time its oldest queued audio (or close) arrived
+
+    # Called on the event loop (or any thread): never blocks.
+    def push(self, chunk: AudioChunk) -> None:
+        """Queue audio for recognition; a full queue drops the oldest audio and counts it."""
+        if self.closed:
+            raise RuntimeError(f"ASR stream {self.session_id!r} is closed")
+        with self._cond:
+            if not self._chunks:
+                self.waiting_since = min(self.waiting_since, time.monotonic())
+            self._chunks.append(chunk)
+            self._queued_n += len(chunk.samples)
+            while self._queued_n > self._max_queue_n and len(self._chunks) > 1:
+                old = self._chunks.popleft()
+                self._queued_n -= len(old.samples)
+                self.dropped_chunks += 1
+                self._dropped_n += len(old.samples)
+            self._cond.notify()
+
+    @property
+    def dropped_s(self) -> float:
+        """Seconds of audio this stream's full queue has dropped."""
+        return self._dropped_n / SAMPLE_RATE
+
+    # Read by the worker under its lock.
+    @property
+    def queued_chunks(self) -> int:
+        """Chunks waiting for a lane."""
+        return len(self._chunks)
+
+    @property
+    def queued_samples(self) -> int:
+        """Samples waiting for a lane."""
+        return self._queued_n
+
+    @property
+    def dropped_samples(self) -> int:
+        """Samples this stream's full queue has dropped (counted in samples, so no float drift)."""
+        return self._dropped_n
+
+    def close(self) -> None:
+        """No more audio: the worker flushes this stream, then the event iterator ends."""
+        with self._cond:
+            self.closed = True
+            self.waiting_since = min(self.waiting_since, time.monotonic())
+            self._cond.notify()
+
+    async def events(self) -> AsyncIterator[ASREvent]:
+        """Every event of this stream until it is closed and flushed."""
+        while True:
+            ev = await self._events.get()
+            if ev is None:
+                return
+            yield ev
+
+    def take(self, max_chunks: int) -> list[AudioChunk]:
+        """The oldest queued chunks, at most ``max_chunks`` (the worker calls it under its lock)."""
+        out: list[AudioChunk] = []
+        while self._chunks and len(out) < max_chunks:
+            c = self._chunks.popleft()
+            self._queued_n -= len(c.samples)
+            out.append(c)
+        self.waiting_since = time.monotonic() if self._chunks or self.closed else float("inf")
+        return out
+
+    def deliver(self, items: list[ASREvent | None]) -> None:
+        """Hand events to the consumer on its event loop (None ends the stream); a full queue
+        drops the oldest undelivered event and counts it."""
+        def put() -> None:
+            for ev in items:
+                while True:
+                    try:
+                        self._events.put_nowait(ev)
+                        break
+                    except asyncio.QueueFull:
+                        self._events.get_nowait()  # drop the oldest undelivered event
+                        self.events_dropped += 1
+
+        if self._loop is None or self._loop.is_closed():
+            put()
+        else:
+            self._loop.call_soon_threadsafe(put)
+
+
+def _engine_copy(engine: Engine) -> Engine:
+    """An engine with its own copy of the weights, for a second worker lane."""
+    if isinstance(engine, WhisperEngine):
+        return WhisperEngine(copy.deepcopy(engine.model), engine.context_pad_s, engine.threads, engine.int8)
+    return engine  # an unknown engine is shared (its own locking decides)
+
+
+def _merge_contiguous(chunks: list[AudioChunk]) -> list[AudioChunk]:
+    """Join chunks that follow each other without a gap, so a turn decodes once, not per chunk."""
+    out: list[AudioChunk] = []
+    run: list[AudioChunk] = []
+    for c in chunks:
+        if run and abs(c.pts - run[-1].end) > 0.5 / SAMPLE_RATE:
+            out.append(join_chunks(run))
+            run = []
+        run.append(c)
+    if run:
+        out.append(join_chunks(run))
+    return out
+
+
+def join_chunks(run: list[AudioChunk]) -> AudioChunk:
+    """One chunk holding ``run`` (assumed contiguous), starting at the first one's pts."""
+    if len(run) == 1:
+        return run[0]
+    return AudioChunk(run[0].pts, np.concatenate([np.asarray(c.samples, np.float32) for c in run]))
+
+
+class ASRWorker:
+    """Many sessions on ``lanes`` worker threads, earliest deadline first, bounded queues.
+
+    Each turn takes one session's queued chunks (at most ``max_chunks_per_turn``), feeds them to
+    its :class:`StreamingASR` (which decodes at most once per feed), and hands events to that
+    session's asyncio queue on its event loop. With ``lanes`` > 1 each lane is a thread with its
+    own copy of the model (forward passes on one model are serialised), so decodes of different
+    sessions run on separate cores; a session is served by one lane at a time, by whichever is
+    free (the streaming state is engine-independent: the copies hold the same weights).
+    """
+
+    def __init__(
+        self,
+        engine: str | Engine = "whisper",
+        config: StreamingConfig | None = None,
+        max_queue_s: float = 5.0,
+        max_events: int = 512,
+        max_streams: int = 64,
+        max_chunks_per_turn: int = 10_000,
+        model: Whisper | None = None,
+        autostart: bool = True,
+        lanes: int = 1,
+    ) -> None:
+        if lanes < 1:
+            raise ValueError(f"lanes must be >= 1, got {lanes}")
+        self.config = config or StreamingConfig()
+        self._stream_config = self.config  # new streams' config (``set_step_s`` may change its step)
+        self.engine = get_engine(engine, model, int8=self.config.int8)
+        self.engines: list[Engine] = [self.engine] + [_engine_copy(self.engine) for _ in range(lanes - 1)]
+        self.max_queue_s = max_queue_s
+        self.max_events = max_events
+        self.max_streams = max_streams
+        self.max_chunks_per_turn = max_chunks_per_turn
+        self._streams: dict[str, ASRStream] = {}
+        self._order: deque[str] = deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._decodes = 0
+        self._decode_s = 0.0
+        self._closed_drops = (0, 0, 0)  # chunks, samples, events dropped by streams now closed
+        self._last_ms = 0.0
+        self._threads = [
+            threading.Thread(target=self._run, args=(eng,), name=f"asr-worker-{i}", daemon=True)
+            for i, eng in enumerate(self.engines)
+        ]
+        if autostart:
+            self.start()
+
+    def start(self) -> None:
+        """Start the worker threads (done by the constructor unless ``autostart=False``)."""
+        for t in self._threads:
+            if not t.is_alive() and t.ident is None:
+                t.start()
+
+    def warmup(self) -> float:
+        """Run one real inference (encoder, decoder, alignment); return its wall seconds."""
+        try:
+            audio = synthesize_speech("warm up", lead_in_s=0.1).samples
+        except EspeakUnavailable:
+            rng = np.random.default_rng(0)
+            audio = (0.05 * rng.standard_normal(SAMPLE_RATE)).astype(np.float32)
+        t = time.perf_counter()
+        for eng in self.engines:
+            eng.transcribe(audio)
+        return time.perf_counter() - t
+
+    def open(self, session_id: str) -> ASRStream:
+        """A new session stream; call from the event loop that will iterate its events."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self._cond:
+            if self._stop:
+                raise RuntimeError("ASR worker is stopped")
+            if session_id in self._streams:
+                raise ValueError(f"ASR session {session_id!r} is already open")
+            if len(self._streams) >= self.max_streams:
+                raise RuntimeError(f"ASR worker is full ({self.max_streams} sessions)")
+            stream = ASRStream(self._cond, session_id, StreamingASR(self.engine, self._stream_config), self.max_queue_s,
+                               self.max_events, loop)
+            self._streams[session_id] = stream
+            self._order.append(session_id)
+            return stream
+
+    def set_step_s(self, step_s: float | None) -> None:
+        """Re-decode every ``step_s`` of new speech from now on, in every stream (None: the configured
+        step); a server sheds decodes this way under overload (``app.live.degrade``)."""
+        with self._cond:
+            self._stream_config = self.config if step_s is None else replace(self.config, step_s=step_s)
+            for s in self._streams.values():
+                s.asr.config = replace(s.asr.config, step_s=self._stream_config.step_s)
+
+    def stats(self) -> WorkerStats:
+        with self._cond:
+            streams = list(self._streams.values())
+            return WorkerStats(
+                streams=len(streams),
+                queue_depth=sum(s.queued_chunks for s in streams),
+                queued_s=sum(s.queued_samples for s in streams) / SAMPLE_RATE,
+                dropped_chunks=self._closed_drops[0] + sum(s.dropped_chunks for s in streams),
+                dropped_s=(self._closed_drops[1] + sum(s.dropped_samples for s in streams)) / SAMPLE_RATE,
+                decodes=self._decodes,
+                decode_ms_mean=round(1000 * self._decode_s / max(self._decodes, 1), 2),
+                decode_ms_last=round(self._last_ms, 2),
+                events_dropped=self._closed_drops[2] + sum(s.events_dropped for s in streams),
+                oldest_wait_s=max((time.monotonic() - s.waiting_since for s in streams if s.queued_chunks),
+                                  default=0.0),
+            )
+
+    def stop(self) -> None:
+        """Stop the thread (pending audio is discarded); streams' iterators end."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout=10)
+        for s in list(self._streams.values()):
+            s.deliver([None])
+
+    def _next(self) -> tuple[ASRStream, list[AudioChunk], bool] | None:
+        """Earliest deadline first: the free session whose audio (or close) has waited longest,
+        ties in round-robin order (under the lock): the session that has waited longest is the one
+        whose words are latest, which plain round-robin ignores."""
+        best: ASRStream | None = None
+        for sid in self._order:
+            s = self._streams[sid]
+            if s.busy or not (s.queued_chunks or (s.closed and not s.finished)):
+                continue
+            if best is None or s.waiting_since < best.waiting_since:
+                best = s
+        if best is None:
+            return None
+        self._order.remove(best.session_id)
+        self._order.append(best.session_id)
+        best.busy = True
+        if best.queued_chunks:
+            return best, best.take(self.max_chunks_per_turn), False
+        return best, [], True
+
+    def _run(self, engine: Engine) -> None:
+        while True:
+            with self._cond:
+                job = self._next()
+                while job is None and not self._stop:
+                    self._cond.wait()
+                    job = self._next()
+                if self._stop:
+                    return
+            assert job is not None
+            stream, chunks, closing = job
+            try:
+                events: list[ASREvent | None] = []
+                stream.asr.engine = engine
+                before_n, before_s = stream.asr.decode_count, stream.asr.decode_s
+                for c in _merge_contiguous(chunks):
+                    events += stream.asr.feed(c)
+                if closing:
+                    events += stream.asr.flush()
+                    events.append(None)
+                n = stream.asr.decode_count - before_n
+                if n:
+                    spent = stream.asr.decode_s - before_s
+                    with self._cond:
+                        self._decodes += n
+                        self._decode_s += spent
+                        self._last_ms = 1000 * spent / n
+            except Exception:  # a bad stream must not take the worker down
+                log.exception("ASR failed for session %s; closing it", stream.session_id)
+                events = [None]
+                closing = True
+            if closing:  # unregister before the end-of-stream marker reaches the consumer
+                with self._cond:
+                    stream.finished = True
+                    if self._streams.pop(stream.session_id, None) is not None:
+                        c, n, e = self._closed_drops
+                        self._closed_drops = (c + stream.dropped_chunks, n + stream.dropped_samples,
+                                              e + stream.events_dropped)
+                    if stream.session_id in self._order:
+                        self._order.remove(stream.session_id)
+            if events:
+                stream.deliver(events)
+            with self._cond:
+                stream.busy = False
+                self._cond.notify_all()  # another lane may be waiting for this stream's audio
