@@ -1,16 +1,18 @@
 """Word-timing refinement: put each recognised word where it was said, for any voice.
 
 Whisper's DTW word timestamps on connected speech are ~110 ms off on average (≈ +70 ms late,
-the first word snapped to the segment start). Two aligners improve on them, tried in order:
+the first word snapped to the segment start). Two aligners improve on them:
 
-1. **Forced alignment with a human-speech acoustic model** (:mod:`alignment.forced`,
-   PocketSphinx's en-us HMMs): the recognised words are aligned phone by phone to the audio.
-   It was trained on many human speakers, so it does not care what the speaker sounds like.
-2. **Alignment by synthesis** (the aeneas idea; :mod:`alignment.timing_dtw`): espeak-ng speaks
+1. **Alignment by synthesis** (the aeneas idea; :mod:`alignment.timing_dtw`): espeak-ng speaks
    the words, and a causal DTW over level- and noise-matched MFCCs carries each word's onset in
-   the synthetic reference into the real audio. It is exact on speech that sounds like espeak-ng
-   and drifts on voices that do not (BENCHMARKS.md), but it tolerates recognition errors: a
-   forced alignment of words that were not said finds no path, and this is the fallback then.
+   the synthetic reference into the real audio. It is exact on speech that sounds like the
+   reference (synthetic speech of espeak-ng's kind, a TTS loop-back) and drifts on voices that do
+   not. The DTW path says which case it is: its mean frame distance (:func:`_mismatch`) is low
+   when the voices match. Up to :data:`SELF_MATCH` its times are kept.
+2. **Forced alignment with a human-speech acoustic model** (:mod:`alignment.forced`,
+   PocketSphinx's en-us HMMs) for every other word: the recognised words are aligned phone by
+   phone to the audio. It was trained on many human speakers, so it does not care what the speaker
+   sounds like. Where it finds no path (words that were not said), synthesis's times are kept.
 
 A refined time over MAX_SHIFT_S from Whisper's estimate is rejected in favour of the estimate
 (a dropped word can pull the next one onto it).
@@ -18,8 +20,8 @@ A refined time over MAX_SHIFT_S from Whisper's estimate is rejected in favour of
 Streaming: with ``lookahead_s``, a call's times are computed from audio that ends at the last
 word's ``end + lookahead_s`` (Whisper's estimate; a streaming recogniser makes words final only
 once audio past their end is in, so this costs no waiting), never later: one forced alignment
-of the words. The DTW fallback bounds each word at its own ``end + lookahead_s`` (its rows are
-real-audio frames and its recurrence is causal). A streaming recogniser emits finals one or two
+of the words that need it. The synthesis DTW bounds each word at its own ``end + lookahead_s``
+(its rows are real-audio frames and its recurrence is causal). A streaming recogniser emits finals one or two
 at a time, so `models.asr.StreamingASR` puts the utterance's last two final words before them
 (``context``, not aligned again): a one- or two-word text matches any similar stretch of audio.
 """
@@ -34,7 +36,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from alignment.timing_dtw import HOP, WIN, causal_dtw, distance_matrix, matched_features, mel_power
+from alignment.timing_dtw import HOP, WIN, Alignment, causal_dtw, distance_matrix, matched_features, mel_power
 from alignment.types import SAMPLE_RATE, WordToken
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,12 @@ MAX_BATCH_CELLS = 4_000_000
 MAX_GROUP_S = 8.0
 MAX_GAP_S = 1.0
 MIN_WORD_S = 0.02
+
+#: Path mismatch (:func:`_mismatch`) up to which the speech counts as sounding like the reference,
+#: and alignment by synthesis, exact on such speech, is kept over forced alignment. Chosen on
+#: espeak-ng and festival voices and sentences that no benchmark uses: espeak-ng voices 0.10-0.45
+#: (en-us+f2 0.58-0.62), festival's human-built voices 0.67-0.92.
+SELF_MATCH = 0.5
 
 #: Audio kept before a group that starts on already-timed context words.
 CONTEXT_MARGIN_S = 0.1
@@ -179,17 +187,8 @@ def refine_word_times(
                 continue
             group_words = [words[i] for i in group]
             wanted = [i >= context for i in group]
-            times = _forced_group(x, audio_start_pts, group_words, lookahead_s, wanted,
-                                  led=group[0] < context)
-            if any(w and t[0] is None for w, t in zip(wanted, times, strict=True)):
-                try:
-                    by_dtw = _refine_group(x, audio_start_pts, group_words, tuple(texts[i] for i in group),
-                                           lookahead_s, wanted)
-                except SynthesisUnavailable as exc:
-                    log.warning("alignment by synthesis unavailable (%s); keeping Whisper's times", exc)
-                    by_dtw = [(None, None)] * len(group)
-                times = [t if t[0] is not None else d for t, d in zip(times, by_dtw, strict=True)]
-            mapped.update(zip(group, times, strict=True))
+            mapped.update(zip(group, _align_group(x, audio_start_pts, group_words, tuple(texts[i] for i in group),
+                                                  lookahead_s, wanted, led=group[0] < context), strict=True))
 
     out: list[WordToken] = list(words[:context])
     last_start = max((w.start for w in out), default=-np.inf)
@@ -201,6 +200,23 @@ def refine_word_times(
         out.append(replace(w, start=float(start), end=float(max(stop, start + MIN_WORD_S))))
         last_start = start
     return out
+
+
+def _align_group(
+    x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None,
+    wanted: Sequence[bool], led: bool,
+) -> list[tuple[float | None, float | None]]:
+    """Each wanted word's (start, end): by synthesis where the speech matches the reference that
+    closely (:data:`SELF_MATCH`), else by forced alignment, else by synthesis anyway."""
+    try:
+        by_dtw, mismatch = _refine_group(x, pts0, words, texts, lookahead_s, wanted)
+    except SynthesisUnavailable as exc:
+        log.warning("alignment by synthesis unavailable (%s); forced alignment only", exc)
+        by_dtw, mismatch = [(None, None)] * len(words), [float("inf")] * len(words)
+    matched = [w and d[0] is not None and m <= SELF_MATCH for w, d, m in zip(wanted, by_dtw, mismatch, strict=True)]
+    need = [w and not m for w, m in zip(wanted, matched, strict=True)]
+    forced = _forced_group(x, pts0, words, lookahead_s, need, led) if any(need) else [(None, None)] * len(words)
+    return [d if m or f[0] is None else f for d, f, m in zip(by_dtw, forced, matched, strict=True)]
 
 
 def end_by_next_start(words: Sequence[WordToken]) -> list[WordToken]:
@@ -270,9 +286,9 @@ def _forced_group(
 def _refine_group(
     x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None,
     wanted: Sequence[bool],
-) -> list[tuple[float | None, float | None]]:
+) -> tuple[list[tuple[float | None, float | None]], list[float]]:
     """Refined (start, end) on the session clock for the ``wanted`` words of one run of speakable
-    words (None: not placed or not wanted)."""
+    words (None: not placed or not wanted), and each word's path mismatch (:func:`_mismatch`)."""
     try:
         ref = synthesize_reference(texts)
     except Exception as exc:  # espeak missing or failing: the caller keeps the estimates
@@ -293,8 +309,9 @@ def _refine_group(
         if n_frames >= 2:
             stops.setdefault(n_frames, []).append(j)
     result: list[tuple[float | None, float | None]] = [(None, None)] * len(words)
+    quality = [float("inf")] * len(words)
     if not stops:
-        return result
+        return result, quality
     p_real = mel_power(x[seg_lo : seg_lo + (max(stops) - 1) * HOP + WIN])
     p_ref = mel_power(ref.samples)
     t0 = pts0 + seg_lo / SAMPLE_RATE
@@ -316,11 +333,22 @@ def _refine_group(
             pauses.append(costs[-1][:, 0] + STAY_PENALTY * fillers[-1])
         fill = np.asarray(fillers)
         paths = causal_dtw(costs, fill, STAY_PENALTY * fill, start_limit, pause_cols, pauses)
-        for n_frames, path in zip(batch, paths, strict=True):
+        for n_frames, path, cost, f in zip(batch, paths, costs, fill, strict=True):
+            mismatch = _mismatch(cost, path, float(f))
             for j in stops[n_frames]:
+                quality[j] = mismatch
                 k_on, k_end = ref.onsets[j] * SAMPLE_RATE / HOP, ref.ends[j] * SAMPLE_RATE / HOP
                 on = path.frame_of_or_after(k_on) if lookahead_s is not None else path.real_frame_of(k_on)
                 end = path.real_frame_of(k_end)
                 result[j] = (None if on is None else t0 + _frame_time(on),
                              None if end is None else t0 + _frame_time(end))
-    return result
+    return result, quality
+
+
+def _mismatch(cost: np.ndarray, path: Alignment, filler: float) -> float:
+    """How unlike the reference the real audio sounds along the path: its mean frame distance, in
+    units of the filler cost (low on espeak-ng-like speech, high on human voices)."""
+    if filler <= 0.0 or len(path.ref_index) == 0:
+        return float("inf")
+    frames = np.arange(len(path.ref_index)) + path.start_frame
+    return float(np.mean(cost[frames, path.ref_index]) / filler)

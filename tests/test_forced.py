@@ -121,3 +121,25 @@ def test_level3_catches_a_word_placed_80_ms_off(hts_speech, hts_raw):
         assert not bad.ok, f"a word {1000 * shift:+.0f} ms off passed"
     summary = v.summary()
     assert summary.onset_checked == 1 + len(shifts) and summary.onset_failed == len(shifts)
+
+
+def test_synthesis_is_kept_only_where_the_voice_matches_the_reference(hts_speech):
+    """The DTW path's mismatch tells espeak-ng-like speech (synthesis exact) from a human-trained
+    voice (forced alignment): the choice comes from the audio, never from knowing the voice."""
+    from alignment.timing import SELF_MATCH, _clean, _refine_group
+
+    espeak = testmedia.speak(SENTENCES[1], "en-gb-x-rp", lead_in_s=0.4)
+    for speech, voice_matches in ((hts_speech, False), (espeak, True)):
+        estimates = _late_estimates(speech)
+        texts = tuple(_clean(w.text) for w in estimates)
+        _, mismatch = _refine_group(speech.samples, 0.0, estimates, texts, None, [True] * len(estimates))
+        print(f"mismatch {np.median(mismatch):.2f} (voice matches the reference: {voice_matches})")
+        assert bool(np.median(mismatch) <= SELF_MATCH) is voice_matches
+    e = _onset_errors_ms(refine_word_times(espeak.samples, 0.0, _late_estimates(espeak)), espeak.words)
+    assert len(e) == len(espeak.words) and e.mean() <= 15.0  # exact on the reference's own kind of speech
+
+
+def _late_estimates(speech: testmedia.Speech) -> list[WordToken]:
+    """The spoken words with times as raw Whisper gives them: ~80 ms late, ends at the next word."""
+    starts = [w.start for w in speech.words] + [speech.duration - 0.3]
+    return [WordToken(w.text, starts[i] + 0.08, starts[i + 1] + 0.05, index=i) for i, w in enumerate(speech.words)]
