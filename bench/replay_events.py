@@ -23,8 +23,9 @@ How it is made deterministic (media time, not wall clock):
   placed on its ideal frames and ``late`` is always false — the late path is not covered here;
 * the stream is cut when the clip's last frame has been handled and the last answer has finished;
   what the session emits while closing is not part of it;
-* the three clips run at once, one session each, on one event loop (each gated on its own state
-  only, so that changes no event; their waits overlap). Stages are warmed by the server's own
+* the three clips run one after another, one session each (libespeak-ng keeps state between
+  syntheses, and the word-timing reference is synthesised per emission: sessions run together
+  would shift each other's times by a millisecond or so). Stages are warmed by the server's own
   ``app.live.warmup.warm_up(ServerConfig(ui=False), ...)``, every default stage, so ``hello`` lists nothing missing.
 
 Determinism is shown by tests/test_replay_events.py (one clip twice in one process, no golden file:
@@ -307,11 +308,12 @@ def replay_all(specs: tuple[ClipSpec, ...] = CLIPS, log: Callable[[str], None] =
     log(f"  built {len(clips)} clips in {time.monotonic() - c0:.1f} s")
 
     async def run_all() -> list[list[dict[str, Any]]]:
-        # All clips at once, one session each (as a server would hold them): each session's
-        # schedule is gated on its own state only, so running them together changes no event,
-        # and their waits overlap.
-        return list(await asyncio.gather(*(replay_clip(spec, clip, state.stages, f"replay-{i}")
-                                            for i, (spec, clip) in enumerate(zip(specs, clips, strict=True)))))
+        # One clip after another: libespeak-ng keeps state from one synthesis to the next, and the
+        # word-timing reference is synthesised per emission, so sessions running together would
+        # make each other's references (and times, by a millisecond or so) depend on their
+        # interleaving.
+        return [await replay_clip(spec, clip, state.stages, f"replay-{i}")
+                for i, (spec, clip) in enumerate(zip(specs, clips, strict=True))]
 
     c0 = time.monotonic()
     try:
