@@ -192,6 +192,13 @@ def aligner() -> ForcedAligner:
     return a
 
 
+def warm_this_thread() -> None:
+    """Build this thread's decoder and run it once (a decode lane calls this as it starts), so the
+    first session's first words do not wait for the acoustic model to load."""
+    if available():
+        aligner().align(np.zeros(SAMPLE_RATE // 2, np.float32), ["a"])
+
+
 @lru_cache(maxsize=1)
 def available() -> bool:
     """True when the pocketsphinx package (with its bundled en-us model) imports."""

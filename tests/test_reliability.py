@@ -168,6 +168,7 @@ async def test_lossy_jittery_link_keeps_the_session_bounded(live_stages, av_clip
         assert events == sorted(events) and events[-1] > events[len(events) // 2]  # still flowing
         assert max(s.asr_queued_s for s in samples) <= 5.1 and max(s.camera_frames for s in samples) <= 64
         assert max(s.tokens_held for s in samples) <= 400 and max(s.channel_buffered for s in samples) <= 1 << 20
+        assert max(s.camera_frames for s in samples) > 0 and max(s.tokens_held for s in samples) > 0  # read, not 0
         # Transient tasks (a close, a send) come and go; a leak keeps the count up through the second half.
         assert statistics.median(s.tasks for s in samples[4:]) <= max(s.tasks for s in samples[:4]) + 2
         assert not app.state.sessions[peer.session_id].degraded

@@ -72,6 +72,9 @@ class CameraFrames:
     def __init__(self, keep: int = 64) -> None:
         self._frames: deque[tuple[float, av.VideoFrame]] = deque(maxlen=keep)
 
+    def __len__(self) -> int:
+        return len(self._frames)
+
     def append(self, t: float, frame: av.VideoFrame) -> None:
         self._frames.append((t, frame))
 

@@ -15,9 +15,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
+
+if TYPE_CHECKING:
+    from aiortc import RTCDataChannel
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,14 @@ def _fds() -> int:
         return -1
 
 
+class HoldsMemory(Protocol):
+    """What a snapshot reads off a live session (app.live.session.Session)."""
+
+    channel: RTCDataChannel | None  # None until the client opens it
+
+    def held(self) -> tuple[int, int, int]: ...
+
+
 def snapshot(app: Any, collect: bool = False, trim: bool = False) -> ResourceSnapshot:
     """Read the figures off a running app (``collect``: collect garbage; ``trim``: then trim the heap).
 
@@ -204,7 +215,7 @@ def snapshot(app: Any, collect: bool = False, trim: bool = False) -> ResourceSna
         gc.collect()
     if trim:
         release_memory()
-    sessions = dict(getattr(app.state, "sessions", {}))
+    sessions: dict[str, HoldsMemory] = dict(getattr(app.state, "sessions", {}))
     warm = getattr(app.state, "warm", None)
     worker = getattr(getattr(warm, "stages", None), "asr_worker", None)
     streams = queue = 0
@@ -214,12 +225,10 @@ def snapshot(app: Any, collect: bool = False, trim: bool = False) -> ResourceSna
         streams, queue, queued, dropped = st.streams, st.queue_depth, st.queued_s, st.dropped_s
     camera = tokens = frame_words = buffered = 0
     for s in sessions.values():
-        camera += len(getattr(s, "_camera", ()))
-        tokens += len(getattr(s, "_tokens", ()))
-        frame_words += len(getattr(s, "_frame_words", ()))
-        ch = getattr(s, "channel", None)
-        if ch is not None:
-            buffered += int(getattr(ch, "bufferedAmount", 0) or 0)
+        held = s.held()
+        camera, tokens, frame_words = camera + held[0], tokens + held[1], frame_words + held[2]
+        if s.channel is not None:
+            buffered += int(s.channel.bufferedAmount or 0)
     names = tuple(sorted(t.name for t in threading.enumerate()))
     try:
         tasks = len(asyncio.all_tasks())

@@ -259,6 +259,11 @@ class Session:
                 self.spawn(self.close("media timeout"), Stage.CLOSE)
                 return
 
+    def held(self) -> tuple[int, int, int]:
+        """What the session holds in memory now (camera frames, placed tokens, frames with words):
+        each is bounded, and the reliability checks watch that they stay so."""
+        return (len(self.camera), *self.words.held())
+
     def summary(self) -> dict[str, object]:
         lst = attempt(self, Stage.LST, self._lst.snapshot) if self._lst is not None else None
         sync = self.sync

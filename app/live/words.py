@@ -62,6 +62,10 @@ class Transcript:
         except Exception as exc:  # noqa: BLE001
             self.host.fail_stage(Stage.ASR, exc)
 
+    def held(self) -> tuple[int, int]:
+        """(placed tokens, frames with words) held now; pruning keeps both bounded."""
+        return len(self._tokens), len(self._frame_words)
+
     def place(self, tok: WordToken, next_frame: int) -> TokenFrames:
         """Place ``tok`` (a revision replaces its earlier self) on the frames not sent yet."""
         key = (tok.utterance, tok.index)

@@ -20,6 +20,7 @@ import numpy as np
 from whisper.model import Whisper
 
 from alignment.espeak import EspeakUnavailable, synthesize_speech
+from alignment.forced import warm_this_thread
 from alignment.types import SAMPLE_RATE, AudioChunk
 from models.asr.engine import Engine, WhisperEngine, get_engine
 from models.asr.streaming import ASREvent, StreamingASR, StreamingConfig
@@ -317,6 +318,7 @@ class ASRWorker:
         return best, [], True
 
     def _run(self, engine: Engine) -> None:
+        warm_this_thread()
         while True:
             with self._cond:
                 job = self._next()
