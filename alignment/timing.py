@@ -69,6 +69,8 @@ MIN_WORD_S = 0.02
 #: espeak-ng and festival voices and sentences that no benchmark uses: espeak-ng voices 0.10-0.45
 #: (en-us+f2 0.58-0.62), festival's human-built voices 0.67-0.92.
 SELF_MATCH = 0.5
+#: Speech the path must cover before its mismatch says anything about the voice.
+MIN_MATCHED_S = 0.3
 
 #: Audio kept before a group that starts on already-timed context words.
 CONTEXT_MARGIN_S = 0.1
@@ -333,8 +335,9 @@ def _refine_group(
             pauses.append(costs[-1][:, 0] + STAY_PENALTY * fillers[-1])
         fill = np.asarray(fillers)
         paths = causal_dtw(costs, fill, STAY_PENALTY * fill, start_limit, pause_cols, pauses)
+        speech = (ref.onsets[0] * SAMPLE_RATE / HOP, ref.ends[-1] * SAMPLE_RATE / HOP)
         for n_frames, path, cost, f in zip(batch, paths, costs, fill, strict=True):
-            mismatch = _mismatch(cost, path, float(f))
+            mismatch = _mismatch(cost, path, float(f), speech)
             for j in stops[n_frames]:
                 quality[j] = mismatch
                 k_on, k_end = ref.onsets[j] * SAMPLE_RATE / HOP, ref.ends[j] * SAMPLE_RATE / HOP
@@ -345,10 +348,15 @@ def _refine_group(
     return result, quality
 
 
-def _mismatch(cost: np.ndarray, path: Alignment, filler: float) -> float:
-    """How unlike the reference the real audio sounds along the path: its mean frame distance, in
-    units of the filler cost (low on espeak-ng-like speech, high on human voices)."""
+def _mismatch(cost: np.ndarray, path: Alignment, filler: float, speech: tuple[float, float]) -> float:
+    """How unlike the reference the real audio sounds along the path, where the reference speaks
+    (``speech``: its first onset to its last end, in frames): the mean frame distance in units of
+    the filler cost, low on espeak-ng-like speech, high on human voices. Silence matches silence in
+    any voice, so it is left out, and under :data:`MIN_MATCHED_S` of speech proves nothing (inf)."""
     if filler <= 0.0 or len(path.ref_index) == 0:
         return float("inf")
     frames = np.arange(len(path.ref_index)) + path.start_frame
-    return float(np.mean(cost[frames, path.ref_index]) / filler)
+    spoken = (path.ref_index >= speech[0]) & (path.ref_index <= speech[1])
+    if spoken.sum() * HOP < MIN_MATCHED_S * SAMPLE_RATE:
+        return float("inf")
+    return float(np.mean(cost[frames[spoken], path.ref_index[spoken]]) / filler)
