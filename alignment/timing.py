@@ -21,8 +21,8 @@ Streaming: with ``lookahead_s``, a call's times are computed from audio that end
 word's ``end + lookahead_s`` (Whisper's estimate; a streaming recogniser makes words final only
 once audio past their end is in, so this costs no waiting), never later: one forced alignment
 of the words that need it. The synthesis DTW bounds each word at its own ``end + lookahead_s``
-(its rows are real-audio frames and its recurrence is causal). A streaming recogniser emits finals one or two
-at a time, so `models.asr.StreamingASR` puts the utterance's last two final words before them
+(its rows are real-audio frames and its recurrence is causal). A streaming recogniser emits finals
+one or two at a time, so `models.asr.StreamingASR` puts the utterance's last two final words before them
 (``context``, not aligned again): a one- or two-word text matches any similar stretch of audio.
 """
 
@@ -213,12 +213,18 @@ def _align_group(
     try:
         by_dtw, mismatch = _refine_group(x, pts0, words, texts, lookahead_s, wanted)
     except SynthesisUnavailable as exc:
-        log.warning("alignment by synthesis unavailable (%s); forced alignment only", exc)
+        _warn_once(f"alignment by synthesis unavailable ({exc}); forced alignment only")
         by_dtw, mismatch = [(None, None)] * len(words), [float("inf")] * len(words)
     matched = [w and d[0] is not None and m <= SELF_MATCH for w, d, m in zip(wanted, by_dtw, mismatch, strict=True)]
     need = [w and not m for w, m in zip(wanted, matched, strict=True)]
     forced = _forced_group(x, pts0, words, lookahead_s, need, led) if any(need) else [(None, None)] * len(words)
     return [d if m or f[0] is None else f for d, f, m in zip(by_dtw, forced, matched, strict=True)]
+
+
+@lru_cache(maxsize=8)
+def _warn_once(message: str) -> None:
+    """Log ``message`` the first time only: refinement runs on every streaming emission."""
+    log.warning(message)
 
 
 def end_by_next_start(words: Sequence[WordToken]) -> list[WordToken]:
@@ -311,9 +317,9 @@ def _refine_group(
         if n_frames >= 2:
             stops.setdefault(n_frames, []).append(j)
     result: list[tuple[float | None, float | None]] = [(None, None)] * len(words)
-    quality = [float("inf")] * len(words)
+    mismatches = [float("inf")] * len(words)
     if not stops:
-        return result, quality
+        return result, mismatches
     p_real = mel_power(x[seg_lo : seg_lo + (max(stops) - 1) * HOP + WIN])
     p_ref = mel_power(ref.samples)
     t0 = pts0 + seg_lo / SAMPLE_RATE
@@ -339,13 +345,13 @@ def _refine_group(
         for n_frames, path, cost, f in zip(batch, paths, costs, fill, strict=True):
             mismatch = _mismatch(cost, path, float(f), speech)
             for j in stops[n_frames]:
-                quality[j] = mismatch
+                mismatches[j] = mismatch
                 k_on, k_end = ref.onsets[j] * SAMPLE_RATE / HOP, ref.ends[j] * SAMPLE_RATE / HOP
                 on = path.frame_of_or_after(k_on) if lookahead_s is not None else path.real_frame_of(k_on)
                 end = path.real_frame_of(k_end)
                 result[j] = (None if on is None else t0 + _frame_time(on),
                              None if end is None else t0 + _frame_time(end))
-    return result, quality
+    return result, mismatches
 
 
 def _mismatch(cost: np.ndarray, path: Alignment, filler: float, speech: tuple[float, float]) -> float:
