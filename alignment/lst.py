@@ -106,6 +106,17 @@ class TokenTiming:
     itl_s: float | None = None
 
 
+
+def _latency_percentiles(ttft_ms: Sequence[float], turn_ms: Sequence[float]) -> dict[str, float | None]:
+    """The TTFT and turn-latency percentiles of a snapshot, in their wire order."""
+    return {
+        "ttft_ms_p99": round_or_none(percentile(ttft_ms, 99), 3),
+        "ttft_ms_p50": round_or_none(percentile(ttft_ms, 50), 3),
+        "turn_ms_p50": round_or_none(percentile(turn_ms, 50), 3),
+        "turn_ms_p95": round_or_none(percentile(turn_ms, 95), 3),
+        "turn_ms_p99": round_or_none(percentile(turn_ms, 99), 3),
+    }
+
 class LSTMeter:
     """One session's token-stream meter: ``begin_response`` then ``token`` for each emission."""
 
@@ -199,11 +210,7 @@ class LSTMeter:
             last_itl = self._itl_s[-1] * 1e3 if self._itl_s else None
             return {
                 "lst_version": LST_VERSION,
-                "ttft_ms_p99": round_or_none(p99, 3),
-                "ttft_ms_p50": round_or_none(percentile(ttft, 50), 3),
-                "turn_ms_p50": round_or_none(percentile(turn, 50), 3),
-                "turn_ms_p95": round_or_none(percentile(turn, 95), 3),
-                "turn_ms_p99": round_or_none(percentile(turn, 99), 3),
+                **_latency_percentiles(ttft, turn),
                 "itl_ms_max": round_or_none(None if self._itl_max_s is None else self._itl_max_s * 1e3, 3),
                 "itl_ms_last": round_or_none(last_itl, 3),
                 "jitter_ms": round_or_none(jitter, 3),
@@ -279,11 +286,7 @@ class LSTAggregate:
         worst_jitter = max(jitters) if jitters else None
         return {
             "lst_version": LST_VERSION,
-            "ttft_ms_p99": round_or_none(p99, 3),
-            "ttft_ms_p50": round_or_none(percentile(ttfts, 50), 3),
-            "turn_ms_p50": round_or_none(percentile(turns, 50), 3),
-            "turn_ms_p95": round_or_none(percentile(turns, 95), 3),
-            "turn_ms_p99": round_or_none(percentile(turns, 99), 3),
+            **_latency_percentiles(ttfts, turns),
             "itl_ms_max": round_or_none(itl_max, 3),
             "jitter_ms": round_or_none(worst_jitter, 3),
             "jitter_ms_mean": round_or_none(float(np.mean(live_jitters)) if live_jitters else None, 3),

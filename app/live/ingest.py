@@ -52,16 +52,22 @@ def open_track(pc: RTCPeerConnection, clock: SessionClock,
     return tclock, receiver
 
 
+async def _receive(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCRtpReceiver | None,
+                   sink: MediaSink) -> tuple[av.AudioFrame | av.VideoFrame, float, float]:
+    """The track's next frame, its session time and its arrival (monotonic s), reported to ``sink``."""
+    frame = await track.recv()
+    arrival = time.monotonic()
+    sink.media_arrived(arrival)
+    set_origin(receiver, tclock)
+    return frame, tclock.time(int(frame.pts), arrival), arrival
+
+
 async def read_video(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCRtpReceiver | None,
                      sink: MediaSink) -> None:
     """Camera frames to ``sink`` until the track ends (oversized ones are reported, not kept)."""
     try:
         while True:
-            frame = await track.recv()
-            arrival = time.monotonic()
-            sink.media_arrived(arrival)
-            set_origin(receiver, tclock)
-            t = tclock.time(int(frame.pts), arrival)
+            frame, t, arrival = await _receive(track, tclock, receiver, sink)
             if frame.width * frame.height > MAX_VIDEO_PIXELS:
                 sink.oversized(frame)
                 continue
@@ -78,11 +84,7 @@ async def read_audio(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCR
     produced = 0
     try:
         while True:
-            frame = await track.recv()
-            arrival = time.monotonic()
-            sink.media_arrived(arrival)
-            set_origin(receiver, tclock)
-            t = tclock.time(int(frame.pts), arrival)
+            frame, t, _arrival = await _receive(track, tclock, receiver, sink)
             out = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame)] or
                                  [np.zeros(0, np.float32)])
             expected = None if anchor is None else anchor + produced / SAMPLE_RATE
