@@ -123,6 +123,30 @@ async def test_full_server_says_503_with_retry_after_and_delete_frees_a_slot():
         await third.close()
 
 
+async def test_a_session_that_fails_to_build_gives_its_slot_back(monkeypatch: pytest.MonkeyPatch):
+    """A fault while building a session is a plain 500, and the slot it held is free again."""
+    import app.live.routes as routes
+
+    real, calls = routes.Session, []
+
+    def failing_once(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected fault")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(routes, "Session", failing_once)
+    app = create_app(ServerConfig(ui=False, stages=(), max_sessions=1))
+    async with running_server(app) as base:
+        client = httpx.AsyncClient(base_url=base)
+        await wait_ready(client)
+        resp = await client.post("/whip", content=await offer_sdp(), headers={"Content-Type": "application/sdp"})
+        assert resp.status_code == 500 and "Traceback" not in resp.text
+        peer = WhipPeer(f"{base}/whip", frames=[_black()], fps=10, audio=_silence())
+        await peer.connect()  # the one slot is free: max_sessions=1 admits it
+        assert await peer.close() == 200
+
+
 async def test_happy_path_events_and_returned_video(live_stages, av_clip):  # noqa: F811
     """A talking-face clip in; AU, token and sync events and a 16 fps video out; DELETE ends it."""
     app = create_app(ServerConfig(ui=False, output_delay_s=0.9), stages=live_stages)

@@ -176,10 +176,14 @@ class LiveServer:
             return refused
         self.pending += 1
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        session = Session(secrets.token_urlsafe(12), pc, self.warm.stages, self.session_config, self.metrics,
-                          self.on_end, degradation=self.admission.degradation)
-        session.hook()
-        try:
+        try:  # whatever fails below, the slot this offer held is given back
+            try:
+                session = Session(secrets.token_urlsafe(12), pc, self.warm.stages, self.session_config,
+                                  self.metrics, self.on_end, degradation=self.admission.degradation)
+                session.hook()
+            except Exception:
+                await pc.close()
+                raise
             refused = await self._negotiate(pc, session, sdp)
             if refused is not None:
                 return refused
