@@ -125,6 +125,8 @@ class VoiceEvidence:
             object.__setattr__(self, "spoken_s", (0.0,) * n)
         if len(self.weighted) != n or len(self.spoken_s) != n:
             raise ValueError("one weight and one duration per reference voice")
+        if self.fixed is not None and self.fixed not in self.voices:
+            raise ValueError(f"fixed voice {self.fixed!r} is not one of {self.voices}")
 
     def add(self, readings: Mapping[str, tuple[float, float]]) -> VoiceEvidence:
         """This evidence plus one run's (mismatch, speech seconds) per reference voice (infinite
