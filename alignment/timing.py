@@ -77,7 +77,8 @@ SELF_MATCH = 0.75
 #: Speech the path must cover before its mismatch says anything about the voice.
 MIN_MATCHED_S = 0.3
 #: Pooled speech after which the closest reference voice is fixed and the others are no longer
-#: synthesised (their cost is paid only while the evidence is thin).
+#: synthesised (their cost is paid only while the evidence is thin); a speaker then found unlike
+#: it is no longer synthesised either, except where forced alignment finds no path.
 SETTLE_S = 3.0
 
 #: Audio kept before a group that starts on already-timed context words.
@@ -155,8 +156,11 @@ class VoiceEvidence:
 
     @property
     def candidates(self) -> tuple[str, ...]:
-        """Reference voices worth synthesising for the next words."""
-        return (self.fixed,) if self.fixed is not None else self.voices
+        """Reference voices worth synthesising for the next words (none once the speaker is
+        settled as unlike every reference: forced alignment serves it)."""
+        if self.fixed is None:
+            return self.voices
+        return (self.fixed,) if self.matches else ()
 
     @property
     def matches(self) -> bool:
@@ -269,19 +273,27 @@ def refine_with_evidence(
     keep = [i for i, t in enumerate(texts) if t]
     runs: list[tuple[list[int], list[bool], dict[str, list[tuple[float | None, float | None]]]]] = []
     if len(x) >= WIN and keep:
-        # Synthesis first for every run, so the choice below rests on all of this call's speech.
+        # Synthesis first for every run, so the choice below rests on all of this call's speech
+        # (none for a speaker already settled as unlike the references).
         for group in _groups(words, keep):
             if group[-1] < context:
                 continue
             wanted = [i >= context for i in group]
-            by_voice, evidence = _synthesis_group(x, audio_start_pts, [words[i] for i in group],
-                                                  tuple(texts[i] for i in group), lookahead_s, wanted, evidence)
+            by_voice: dict[str, list[tuple[float | None, float | None]]] = {}
+            if evidence.candidates:
+                by_voice, evidence = _synthesis_group(x, audio_start_pts, [words[i] for i in group],
+                                                      tuple(texts[i] for i in group), lookahead_s, wanted, evidence)
             runs.append((group, wanted, by_voice))
     mapped: dict[int, tuple[float | None, float | None]] = {}
     for group, wanted, by_voice in runs:
-        by_dtw = by_voice.get(evidence.best, [(None, None)] * len(group))
-        mapped.update(zip(group, _choose(x, audio_start_pts, [words[i] for i in group], lookahead_s, wanted,
-                                         by_dtw, evidence.matches, led=group[0] < context), strict=True))
+        group_words, group_texts = [words[i] for i in group], tuple(texts[i] for i in group)
+        if evidence.best in by_voice:
+            chosen = _choose(x, audio_start_pts, group_words, lookahead_s, wanted, by_voice[evidence.best],
+                             evidence.matches, led=group[0] < context)
+        else:
+            chosen = _forced_then_synthesis(x, audio_start_pts, group_words, group_texts, lookahead_s, wanted,
+                                            evidence.best, led=group[0] < context)
+        mapped.update(zip(group, chosen, strict=True))
 
     out: list[WordToken] = list(words[:context])
     last_start = max((w.start for w in out), default=-np.inf)
@@ -323,6 +335,24 @@ def _choose(
     need = [w and not m for w, m in zip(wanted, matched, strict=True)]
     forced = _forced_group(x, pts0, words, lookahead_s, need, led) if any(need) else [(None, None)] * len(words)
     return [d if m or f[0] is None else f for d, f, m in zip(by_dtw, forced, matched, strict=True)]
+
+
+def _forced_then_synthesis(
+    x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None,
+    wanted: Sequence[bool], ref_voice: str, led: bool,
+) -> list[tuple[float | None, float | None]]:
+    """Each wanted word's (start, end) for a speaker settled as unlike the references: by forced
+    alignment, and by synthesis only for the words it found no path for."""
+    forced = _forced_group(x, pts0, words, lookahead_s, wanted, led)
+    missing = [w and f[0] is None for w, f in zip(wanted, forced, strict=True)]
+    if not any(missing):
+        return forced
+    try:
+        by_dtw = _refine_group(x, pts0, words, texts, lookahead_s, missing, ref_voice)[0]
+    except SynthesisUnavailable as exc:
+        _warn_once(f"alignment by synthesis unavailable ({exc}); forced alignment only")
+        return forced
+    return [d if m else f for d, f, m in zip(by_dtw, forced, missing, strict=True)]
 
 
 @lru_cache(maxsize=8)
