@@ -341,8 +341,8 @@ def _forced_then_synthesis(
     x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None,
     wanted: Sequence[bool], ref_voice: str, led: bool,
 ) -> list[tuple[float | None, float | None]]:
-    """Each wanted word's (start, end) for a speaker settled as unlike the references: by forced
-    alignment, and by synthesis only for the words it found no path for."""
+    """Each wanted word's (start, end) for a speaker settled as unlike the references (or with no
+    synthesis): by forced alignment, and by synthesis only for the words it found no path for."""
     forced = _forced_group(x, pts0, words, lookahead_s, wanted, led)
     missing = [w and f[0] is None for w, f in zip(wanted, forced, strict=True)]
     if not any(missing):
