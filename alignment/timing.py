@@ -8,7 +8,9 @@ the first word snapped to the segment start). Two aligners improve on them:
    the synthetic reference into the real audio. It is exact on speech that sounds like the
    reference (synthetic speech of espeak-ng's kind, a TTS loop-back) and drifts on voices that do
    not. The DTW path says which case it is: its mean frame distance (:func:`_mismatch`) is low
-   when the voices match. Up to :data:`SELF_MATCH` its times are kept.
+   when the voices match. The voice belongs to the speaker, so these readings are pooled over a
+   file or a stream (:class:`VoiceEvidence`), against a male and a female reference voice
+   (:data:`REF_VOICES`) until the closer one is clear; up to :data:`SELF_MATCH` its times are kept.
 2. **Forced alignment with a human-speech acoustic model** (:mod:`alignment.forced`,
    PocketSphinx's en-us HMMs) for every other word: the recognised words are aligned phone by
    phone to the audio. It was trained on many human speakers, so it does not care what the speaker
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -51,6 +53,9 @@ REF_PAD_S = 0.3
 #: espeak-ng speaking rate of the reference (wpm); the DTW absorbs rate ratios 0.5-2.
 REF_WPM = 175
 REF_VOICE = "en-us"
+#: Reference voices tried while a speaker's evidence is thin (a male and a female espeak-ng voice):
+#: the closer one, by pooled mismatch, serves the rest of the stream.
+REF_VOICES: tuple[str, ...] = (REF_VOICE, "en-us+f2")
 #: Open-start filler cost, as a quantile of the frame-distance matrix.
 FILLER_QUANTILE = 0.4
 #: Extra cost (as a share of the filler cost) of holding a reference frame: keeps the path from
@@ -64,13 +69,17 @@ MAX_GROUP_S = 8.0
 MAX_GAP_S = 1.0
 MIN_WORD_S = 0.02
 
-#: Path mismatch (:func:`_mismatch`) up to which the speech counts as sounding like the reference,
-#: and alignment by synthesis, exact on such speech, is kept over forced alignment. Chosen on
-#: espeak-ng and festival voices and sentences that no benchmark uses: espeak-ng voices 0.10-0.45
-#: (en-us+f2 0.58-0.62), festival's human-built voices 0.67-0.92.
-SELF_MATCH = 0.5
+#: Pooled path mismatch (:class:`VoiceEvidence`) up to which the speaker counts as sounding like
+#: the closest reference voice, and alignment by synthesis, exact on such speech, is kept over
+#: forced alignment. Chosen on espeak-ng and festival voices and sentences that no benchmark uses
+#: (clean and at 10 dB SNR): it sits between the espeak-ng voices and festival's human-built ones.
+SELF_MATCH = 0.75
 #: Speech the path must cover before its mismatch says anything about the voice.
 MIN_MATCHED_S = 0.3
+#: Pooled speech after which the closest reference voice is fixed and the others are no longer
+#: synthesised (their cost is paid only while the evidence is thin); a speaker then found unlike
+#: it is no longer synthesised either, except where forced alignment finds no path.
+SETTLE_S = 3.0
 
 #: Audio kept before a group that starts on already-timed context words.
 CONTEXT_MARGIN_S = 0.1
@@ -92,7 +101,75 @@ def _clean(text: str) -> str:
     return _WORD_CHARS.sub("", text).strip(".-")
 
 
-@lru_cache(maxsize=32)
+@dataclass(frozen=True)
+class VoiceEvidence:
+    """How much the speaker heard so far sounds like each reference voice.
+
+    The voice is a property of the speaker, not of a word group: one short group's path mismatch
+    is noisy (a streamed one- or two-word prefix reads higher than a whole sentence), so readings
+    are pooled over a stream or a file, weighted by the speech each path covered, and the choice
+    of aligner and reference voice is made on the pool. A context word matched again in the next
+    streaming call counts again: the weights say how much each reading is worth, not new audio.
+    """
+
+    voices: tuple[str, ...] = REF_VOICES
+    weighted: tuple[float, ...] = ()  # per voice: sum of mismatch x speech seconds
+    spoken_s: tuple[float, ...] = ()  # per voice: speech seconds behind its readings
+    fixed: str | None = None  # the reference voice kept once SETTLE_S of speech was pooled
+
+    def __post_init__(self) -> None:
+        n = len(self.voices)
+        if not n:
+            raise ValueError("at least one reference voice is needed")
+        if not self.weighted and not self.spoken_s:
+            object.__setattr__(self, "weighted", (0.0,) * n)
+            object.__setattr__(self, "spoken_s", (0.0,) * n)
+        if len(self.weighted) != n or len(self.spoken_s) != n:
+            raise ValueError("one weight and one duration per reference voice")
+        if self.fixed is not None and self.fixed not in self.voices:
+            raise ValueError(f"fixed voice {self.fixed!r} is not one of {self.voices}")
+
+    def add(self, readings: Mapping[str, tuple[float, float]]) -> VoiceEvidence:
+        """This evidence plus one run's (mismatch, speech seconds) per reference voice (infinite
+        or speechless readings add nothing); the voice is fixed once :data:`SETTLE_S` is pooled."""
+        w, s = list(self.weighted), list(self.spoken_s)
+        for voice, (mismatch, spoken_s) in readings.items():
+            if np.isfinite(mismatch) and spoken_s > 0.0:
+                k = self.voices.index(voice)
+                w[k] += mismatch * spoken_s
+                s[k] += spoken_s
+        out = replace(self, weighted=tuple(w), spoken_s=tuple(s))
+        if out.fixed is None and max(s) >= SETTLE_S:
+            out = replace(out, fixed=out.best)
+        return out
+
+    def mismatch(self, voice: str) -> float:
+        """Pooled mismatch against ``voice`` (inf before any speech)."""
+        k = self.voices.index(voice)
+        return self.weighted[k] / self.spoken_s[k] if self.spoken_s[k] > 0.0 else float("inf")
+
+    @property
+    def best(self) -> str:
+        """The reference voice the speaker sounds most like (fixed once settled, so the times of
+        every run are at hand for it)."""
+        return self.fixed if self.fixed is not None else min(self.voices, key=self.mismatch)
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """Reference voices worth synthesising for the next words (none once the speaker is
+        settled as unlike every reference: forced alignment serves it)."""
+        if self.fixed is None:
+            return self.voices
+        return (self.fixed,) if self.matches else ()
+
+    @property
+    def matches(self) -> bool:
+        """The speaker sounds like the best reference voice (:data:`SELF_MATCH`), so alignment by
+        synthesis is kept; False also while there is no evidence."""
+        return self.mismatch(self.best) <= SELF_MATCH
+
+
+@lru_cache(maxsize=64)
 def synthesize_reference(words: tuple[str, ...], voice: str = REF_VOICE, wpm: int = REF_WPM) -> Reference:
     """Speak ``words`` with espeak-ng and locate each word in the synthetic audio.
 
@@ -161,7 +238,7 @@ def _frame_time(frame: float) -> float:
 
 def refine_word_times(
     audio: np.ndarray, audio_start_pts: float, words: Sequence[WordToken], lookahead_s: float | None = None,
-    context: int = 0,
+    context: int = 0, voice: VoiceEvidence | None = None,
 ) -> list[WordToken]:
     """Return ``words`` with start/end refined against the audio (see the module docstring).
 
@@ -169,12 +246,24 @@ def refine_word_times(
     ``lookahead_s`` (streaming), the refined times depend on no audio later than the last word's
     estimated end + ``lookahead_s``. Words the alignment cannot place keep their estimates. The
     first ``context`` words (already timed) only lead the alignment: they are returned as given.
+    ``voice``: what earlier speech of the same speaker said about its voice
+    (:func:`refine_with_evidence` returns it updated).
     """
+    return refine_with_evidence(audio, audio_start_pts, words, lookahead_s, context, voice)[0]
+
+
+def refine_with_evidence(
+    audio: np.ndarray, audio_start_pts: float, words: Sequence[WordToken], lookahead_s: float | None = None,
+    context: int = 0, voice: VoiceEvidence | None = None,
+) -> tuple[list[WordToken], VoiceEvidence]:
+    """:func:`refine_word_times`, and the voice evidence with these words' readings added: a
+    stream passes it to its next call, so the choice of aligner rests on all the speech so far."""
     if lookahead_s is not None and not lookahead_s >= 0.0:
         raise ValueError(f"lookahead_s must be >= 0 (got {lookahead_s})")
+    evidence = voice if voice is not None else VoiceEvidence()
     words = list(words)
     if not words:
-        return []
+        return [], evidence
     x = np.asarray(audio, dtype=np.float32)
     if x.ndim != 1:
         raise ValueError(f"audio must be 1-D mono samples, got shape {x.shape}")
@@ -182,15 +271,29 @@ def refine_word_times(
         raise ValueError("audio contains NaN or infinite samples")
     texts = [_clean(w.text) for w in words]
     keep = [i for i, t in enumerate(texts) if t]
-    mapped: dict[int, tuple[float | None, float | None]] = {}
+    runs: list[tuple[list[int], list[bool], dict[str, list[tuple[float | None, float | None]]]]] = []
     if len(x) >= WIN and keep:
+        # Synthesis first for every run, so the choice below rests on all of this call's speech
+        # (none for a speaker already settled as unlike the references).
         for group in _groups(words, keep):
             if group[-1] < context:
                 continue
-            group_words = [words[i] for i in group]
             wanted = [i >= context for i in group]
-            mapped.update(zip(group, _align_group(x, audio_start_pts, group_words, tuple(texts[i] for i in group),
-                                                  lookahead_s, wanted, led=group[0] < context), strict=True))
+            by_voice: dict[str, list[tuple[float | None, float | None]]] = {}
+            if evidence.candidates:
+                by_voice, evidence = _synthesis_group(x, audio_start_pts, [words[i] for i in group],
+                                                      tuple(texts[i] for i in group), lookahead_s, wanted, evidence)
+            runs.append((group, wanted, by_voice))
+    mapped: dict[int, tuple[float | None, float | None]] = {}
+    for group, wanted, by_voice in runs:
+        group_words, group_texts = [words[i] for i in group], tuple(texts[i] for i in group)
+        if evidence.best in by_voice:
+            chosen = _choose(x, audio_start_pts, group_words, lookahead_s, wanted, by_voice[evidence.best],
+                             evidence.matches, led=group[0] < context)
+        else:
+            chosen = _forced_then_synthesis(x, audio_start_pts, group_words, group_texts, lookahead_s, wanted,
+                                            evidence.best, led=group[0] < context)
+        mapped.update(zip(group, chosen, strict=True))
 
     out: list[WordToken] = list(words[:context])
     last_start = max((w.start for w in out), default=-np.inf)
@@ -201,24 +304,55 @@ def refine_word_times(
         stop = end if end is not None else w.end + (start - w.start)
         out.append(replace(w, start=float(start), end=float(max(stop, start + MIN_WORD_S))))
         last_start = start
-    return out
+    return out, evidence
 
 
-def _align_group(
+def _synthesis_group(
     x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None,
-    wanted: Sequence[bool], led: bool,
+    wanted: Sequence[bool], evidence: VoiceEvidence,
+) -> tuple[dict[str, list[tuple[float | None, float | None]]], VoiceEvidence]:
+    """One run's synthesis times with each candidate reference voice, and the evidence with its
+    readings added (no voices when espeak-ng is unavailable)."""
+    by_voice: dict[str, list[tuple[float | None, float | None]]] = {}
+    readings: dict[str, tuple[float, float]] = {}
+    for ref_voice in evidence.candidates:
+        try:
+            by_voice[ref_voice], _, readings[ref_voice] = _refine_group(x, pts0, words, texts, lookahead_s,
+                                                                        wanted, ref_voice)
+        except SynthesisUnavailable as exc:
+            _warn_once(f"alignment by synthesis unavailable ({exc}); forced alignment only")
+            return {}, evidence
+    return by_voice, evidence.add(readings)
+
+
+def _choose(
+    x: np.ndarray, pts0: float, words: Sequence[WordToken], lookahead_s: float | None, wanted: Sequence[bool],
+    by_dtw: Sequence[tuple[float | None, float | None]], voice_matches: bool, led: bool,
 ) -> list[tuple[float | None, float | None]]:
-    """Each wanted word's (start, end): by synthesis where the speech matches the reference that
-    closely (:data:`SELF_MATCH`), else by forced alignment, else by synthesis anyway."""
-    try:
-        by_dtw, mismatch = _refine_group(x, pts0, words, texts, lookahead_s, wanted)
-    except SynthesisUnavailable as exc:
-        _warn_once(f"alignment by synthesis unavailable ({exc}); forced alignment only")
-        by_dtw, mismatch = [(None, None)] * len(words), [float("inf")] * len(words)
-    matched = [w and d[0] is not None and m <= SELF_MATCH for w, d, m in zip(wanted, by_dtw, mismatch, strict=True)]
+    """Each wanted word's (start, end): by synthesis where the speaker sounds like the reference
+    (:class:`VoiceEvidence`), else by forced alignment, else by synthesis anyway."""
+    matched = [w and voice_matches and d[0] is not None for w, d in zip(wanted, by_dtw, strict=True)]
     need = [w and not m for w, m in zip(wanted, matched, strict=True)]
     forced = _forced_group(x, pts0, words, lookahead_s, need, led) if any(need) else [(None, None)] * len(words)
     return [d if m or f[0] is None else f for d, f, m in zip(by_dtw, forced, matched, strict=True)]
+
+
+def _forced_then_synthesis(
+    x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None,
+    wanted: Sequence[bool], ref_voice: str, led: bool,
+) -> list[tuple[float | None, float | None]]:
+    """Each wanted word's (start, end) for a speaker settled as unlike the references (or with no
+    synthesis): by forced alignment, and by synthesis only for the words it found no path for."""
+    forced = _forced_group(x, pts0, words, lookahead_s, wanted, led)
+    missing = [w and f[0] is None for w, f in zip(wanted, forced, strict=True)]
+    if not any(missing):
+        return forced
+    try:
+        by_dtw = _refine_group(x, pts0, words, texts, lookahead_s, missing, ref_voice)[0]
+    except SynthesisUnavailable as exc:
+        _warn_once(f"alignment by synthesis unavailable ({exc}); forced alignment only")
+        return forced
+    return [d if m else f for d, f, m in zip(by_dtw, forced, missing, strict=True)]
 
 
 @lru_cache(maxsize=8)
@@ -293,12 +427,14 @@ def _forced_group(
 
 def _refine_group(
     x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None,
-    wanted: Sequence[bool],
-) -> tuple[list[tuple[float | None, float | None]], list[float]]:
+    wanted: Sequence[bool], voice: str = REF_VOICE,
+) -> tuple[list[tuple[float | None, float | None]], list[float], tuple[float, float]]:
     """Refined (start, end) on the session clock for the ``wanted`` words of one run of speakable
-    words (None: not placed or not wanted), and each word's path mismatch (:func:`_mismatch`)."""
+    words (None: not placed or not wanted) against ``voice``'s reference, each word's path
+    mismatch (:func:`_mismatch`), and the run's reading for :class:`VoiceEvidence`: (mismatch,
+    speech seconds) of the path that covered the most speech."""
     try:
-        ref = synthesize_reference(texts)
+        ref = synthesize_reference(texts, voice)
     except Exception as exc:  # espeak missing or failing: the caller keeps the estimates
         raise SynthesisUnavailable(str(exc)) from exc
 
@@ -318,8 +454,9 @@ def _refine_group(
             stops.setdefault(n_frames, []).append(j)
     result: list[tuple[float | None, float | None]] = [(None, None)] * len(words)
     mismatches = [float("inf")] * len(words)
+    reading = (float("inf"), 0.0)
     if not stops:
-        return result, mismatches
+        return result, mismatches, reading
     p_real = mel_power(x[seg_lo : seg_lo + (max(stops) - 1) * HOP + WIN])
     p_ref = mel_power(ref.samples)
     t0 = pts0 + seg_lo / SAMPLE_RATE
@@ -343,7 +480,9 @@ def _refine_group(
         paths = causal_dtw(costs, fill, STAY_PENALTY * fill, start_limit, pause_cols, pauses)
         speech = (ref.onsets[0] * SAMPLE_RATE / HOP, ref.ends[-1] * SAMPLE_RATE / HOP)
         for n_frames, path, cost, f in zip(batch, paths, costs, fill, strict=True):
-            mismatch = _mismatch(cost, path, float(f), speech)
+            mismatch, spoken_s = _mismatch(cost, path, float(f), speech)
+            if spoken_s > reading[1]:
+                reading = (mismatch, spoken_s)
             for j in stops[n_frames]:
                 mismatches[j] = mismatch
                 k_on, k_end = ref.onsets[j] * SAMPLE_RATE / HOP, ref.ends[j] * SAMPLE_RATE / HOP
@@ -351,18 +490,21 @@ def _refine_group(
                 end = path.real_frame_of(k_end)
                 result[j] = (None if on is None else t0 + _frame_time(on),
                              None if end is None else t0 + _frame_time(end))
-    return result, mismatches
+    return result, mismatches, reading
 
 
-def _mismatch(cost: np.ndarray, path: Alignment, filler: float, speech: tuple[float, float]) -> float:
+def _mismatch(cost: np.ndarray, path: Alignment, filler: float, speech: tuple[float, float]
+              ) -> tuple[float, float]:
     """How unlike the reference the real audio sounds along the path, where the reference speaks
     (``speech``: its first onset to its last end, in frames): the mean frame distance in units of
     the filler cost, low on espeak-ng-like speech, high on human voices. Silence matches silence in
-    any voice, so it is left out, and under :data:`MIN_MATCHED_S` of speech proves nothing (inf)."""
+    any voice, so it is left out, and under :data:`MIN_MATCHED_S` of speech proves nothing (inf).
+    Also the seconds of speech the value rests on (its weight when readings are pooled)."""
     if filler <= 0.0 or len(path.ref_index) == 0:
-        return float("inf")
+        return float("inf"), 0.0
     frames = np.arange(len(path.ref_index)) + path.start_frame
     spoken = (path.ref_index >= speech[0]) & (path.ref_index <= speech[1])
-    if spoken.sum() * HOP < MIN_MATCHED_S * SAMPLE_RATE:
-        return float("inf")
-    return float(np.mean(cost[frames[spoken], path.ref_index[spoken]]) / filler)
+    spoken_s = float(spoken.sum() * HOP / SAMPLE_RATE)
+    if spoken_s < MIN_MATCHED_S:
+        return float("inf"), 0.0
+    return float(np.mean(cost[frames[spoken], path.ref_index[spoken]]) / filler), spoken_s

@@ -50,7 +50,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alignment.text import agreement_key
-from alignment.timing import refine_word_times
+from alignment.timing import REF_VOICE, VoiceEvidence, refine_word_times
 from alignment.types import SAMPLE_RATE, WordToken
 from app.loadtest import testmedia
 from app.loadtest.metrics import TruthWord
@@ -168,13 +168,14 @@ def _match(words: Sequence[WordToken], truth: Sequence[TruthWord]) -> list[tuple
 
 
 def synthesis_only(audio: np.ndarray, words: list[WordToken]) -> list[WordToken]:
-    """The previous refinement: espeak-ng synthesis + DTW, the forced aligner switched off."""
+    """The previous refinement: espeak-ng synthesis + DTW with its one reference voice, the forced
+    aligner switched off."""
     import alignment.forced as forced
 
     saved = forced.available
     forced.available = lambda: False  # type: ignore[assignment]
     try:
-        return refine_word_times(audio, 0.0, words)
+        return refine_word_times(audio, 0.0, words, voice=VoiceEvidence(voices=(REF_VOICE,)))
     finally:
         forced.available = saved  # type: ignore[assignment]
 

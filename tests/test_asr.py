@@ -289,8 +289,8 @@ def test_next_utterance_starts_from_the_last_words_without_repeating_them(whispe
     """After a short pause the next window opens on the last utterance's final words (acoustic and
     text context, forced as the prefix); they must not come out again as the new utterance's
     words. After a pause longer than ``carry_gap_s`` the window starts afresh."""
-    a = testmedia.synthesize_speech("please send the report", lead_in_s=0.3)
-    b = testmedia.synthesize_speech("call me at noon", lead_in_s=pause_s)
+    a = testmedia.synthesize_speech_fresh("please send the report", lead_in_s=0.3)
+    b = testmedia.synthesize_speech_fresh("call me at noon", lead_in_s=pause_s)
     audio = np.concatenate([a.samples, b.samples, np.zeros(int(0.6 * SAMPLE_RATE), np.float32)])
     asr = StreamingASR(model=whisper_model)
     assert (pause_s <= asr.config.carry_gap_s) == (pause_s == 0.7)

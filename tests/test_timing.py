@@ -234,3 +234,21 @@ def test_context_words_lead_the_reference_and_come_back_as_given(clean_case):
     assert led[:3] == full[:3]
     assert [w.text for w in led] == [w.text for w in raw]
     assert all(abs(a.start - b.start) <= 0.04 for a, b in zip(led[3:], full[3:], strict=True))
+
+
+def test_voice_evidence_pools_by_speech_and_settles():
+    """Readings pool weighted by the speech behind them; the closer voice is fixed once SETTLE_S is
+    pooled, and a speaker fixed as unlike every reference is no longer synthesised."""
+    from alignment.timing import SELF_MATCH, SETTLE_S, VoiceEvidence
+
+    ev = VoiceEvidence(voices=("a", "b"))
+    assert not ev.matches and ev.candidates == ("a", "b") and ev.fixed is None
+    ev = ev.add({"a": (0.4, 0.5), "b": (float("inf"), 0.0)}).add({"a": (1.0, 1.5), "b": (0.6, 1.0)})
+    assert ev.mismatch("a") == pytest.approx((0.4 * 0.5 + 1.0 * 1.5) / 2.0) and ev.mismatch("b") == 0.6
+    assert ev.best == "b" and ev.matches and ev.fixed is None
+    ev = ev.add({"a": (0.2, SETTLE_S), "b": (0.6, SETTLE_S)})
+    assert ev.fixed == ev.best == "a" and ev.candidates == ("a",)
+    unlike = VoiceEvidence(voices=("a", "b")).add({"a": (SELF_MATCH + 0.2, SETTLE_S), "b": (SELF_MATCH + 0.3, 1.0)})
+    assert unlike.fixed == "a" and not unlike.matches and unlike.candidates == ()
+    with pytest.raises(ValueError):
+        VoiceEvidence(voices=("a",), fixed="b")

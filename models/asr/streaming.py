@@ -20,7 +20,7 @@ import numpy as np
 from whisper.model import Whisper
 
 from alignment.text import without_punctuation
-from alignment.timing import end_by_next_start, refine_word_times
+from alignment.timing import VoiceEvidence, end_by_next_start, refine_with_evidence
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
 from models.asr.engine import DecodedWord, Engine, check_audio, get_engine
 from models.vad import StreamingVAD, VADConfig, VADEvent
@@ -160,6 +160,9 @@ class StreamingASR:
         self._committed: list[DecodedWord] = []  # finals in the current window (window-relative)
         self._n_final = 0  # finals emitted in the current utterance
         self._refined: list[WordToken] = []  # this utterance's last final tokens (refinement context)
+        # What the speech so far says about the speaker's voice: the refinement's choice of aligner
+        # and reference voice rests on all of it, not on one emission's few words.
+        self._voice = VoiceEvidence()
         self._prompt = ""  # finals of this utterance before the current window
         self._hyp: list[DecodedWord] = []  # last hypothesis after the committed words
         self._hyp_history: deque[list[str]] = deque(maxlen=max(self.config.agreement - 1, 1))
@@ -388,9 +391,10 @@ class StreamingASR:
             context = [t for t in self._refined[-self.config.refine_context :]
                        if t.start >= self._buf.start] if self.config.refine_context else []
             audio = self._buf.slice(self._buf.start, self._buf.end)
-            refined = end_by_next_start(refine_word_times(audio, self._buf.start, context + toks,
-                                                          lookahead_s=self.config.lookahead_s,
-                                                          context=len(context)))
+            refined, self._voice = refine_with_evidence(audio, self._buf.start, context + toks,
+                                                        lookahead_s=self.config.lookahead_s, context=len(context),
+                                                        voice=self._voice)
+            refined = end_by_next_start(refined)
             toks = [replace(t, final=True) for t in refined[len(context) :]]
             self._refined = (self._refined + toks)[-max(self.config.refine_context, 1) :]
         self._committed.extend(words)
