@@ -298,14 +298,16 @@ def replay_all(specs: tuple[ClipSpec, ...] = CLIPS, log: Callable[[str], None] =
     from app.live.server import ServerConfig
     from app.live.warmup import WarmState, warm_up
 
+    # The clips first: libespeak-ng's output depends on what it synthesised before, so clips made
+    # after the warm-up would change with whatever the warm-up speaks.
+    c0 = time.monotonic()
+    clips = [build_clip(spec) for spec in specs]
+    log(f"  built {len(clips)} clips in {time.monotonic() - c0:.1f} s")
     c0 = time.monotonic()
     state = WarmState()
     warm_up(ServerConfig(ui=False), state)
     worker = state.stages.asr_worker
     log(f"  warmed the stages in {time.monotonic() - c0:.1f} s")
-    c0 = time.monotonic()
-    clips = [build_clip(spec) for spec in specs]
-    log(f"  built {len(clips)} clips in {time.monotonic() - c0:.1f} s")
 
     async def run_all() -> list[list[dict[str, Any]]]:
         # One clip after another: libespeak-ng keeps state from one synthesis to the next, and the
