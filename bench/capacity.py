@@ -54,6 +54,18 @@ def stage_cpu(whip_url: str) -> dict[str, float]:
     return out
 
 
+def server_cpu_s(proc: psutil.Process) -> float:
+    """CPU seconds of the server process and its child processes (ASR lane processes) so far."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
 def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """One spawned server, one round of light peers: CPU per peer (server, per stage, client) and bounds."""
     server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label}.log",
@@ -66,14 +78,14 @@ def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir
         cfg = config.RoundConfig(url=server.url, duration_s=args.duration)
         specs = config.plan_peers(args.peers, min(args.workers, args.peers), args.stagger, {}, "clean")
         load_before = os.getloadavg()
-        stages0, cpu0 = stage_cpu(server.url), proc.cpu_times()
+        stages0, cpu0 = stage_cpu(server.url), server_cpu_s(proc)
         rnd = rounds.run_round(specs, cfg, server.proc.pid)
-        cpu1, stages1 = proc.cpu_times(), stage_cpu(server.url)
+        cpu1, stages1 = server_cpu_s(proc), stage_cpu(server.url)
         readyz = httpx.get(server.url.replace("/whip", "/readyz"), timeout=5).json()
     finally:
         server.stop()
     streamed = sum(p.get("run_s", 0.0) for p in rnd["peers"] if p.get("connected"))
-    server_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    server_s = cpu1 - cpu0
     agg = rnd["aggregate"]
     return {
         "label": label, "ready_after_s": ready.get("ready_after_s"), "peer_seconds": round(streamed, 1),
