@@ -2,7 +2,8 @@
 
 Spawns ``synchrony serve`` on 127.0.0.1 (from this tree, every session admitted, no degradation;
 with ``--baseline REF`` first from that git commit too, in the same run, so the two figures share
-the machine's conditions), runs one load-test round of ``--peers`` light peers (pre-encoded media,
+the machine's conditions, with the same flags where that tree has them), runs one load-test round
+of ``--peers`` light peers (pre-encoded media,
 returned video counted, not decoded) looping the load test's sentence, and prints:
 
 * server CPU per peer: the server process's CPU seconds during the round (psutil) per second a peer
@@ -68,9 +69,9 @@ def server_cpu_s(proc: psutil.Process) -> float:
 
 def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """One spawned server, one round of light peers: CPU per peer (server, per stage, client) and bounds."""
-    server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label}.log",
-                                    ["--admission", "fixed", "--no-degrade"] if code_dir is None else [],
-                                    code_dir=code_dir)
+    cli = ((code_dir or ROOT) / "app" / "cli.py").read_text()
+    fixed = ["--admission", "fixed", "--no-degrade"] if "--no-degrade" in cli else []  # older trees lack them
+    server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label}.log", fixed, code_dir=code_dir)
     try:
         ready = server.wait_ready()
         proc = psutil.Process(server.proc.pid)

@@ -140,7 +140,7 @@ def sampler(pid: int, stop: threading.Event, url: str, rows: list[dict[str, Any]
         last, t_last, m_last, d_last, x_last = cur, now, m_now, d_now, x_now
         n += 1
         if n == 6 and record:
-            mode = ["--gil", "--nonblocking"] if record < 0 else ["--native"]
+            mode = ["--nonblocking"] if record < 0 else ["--native"]
             subprocess.Popen([PYSPY, "record", "--pid", str(pid), "--idle", "--threads", *mode,
                               "-r", "100", "-d", str(abs(record)), "-f", "raw", "-o", str(out / "record.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -213,11 +213,21 @@ def _name_process(name: str) -> None:
         pass
 
 
+#: A lane process's nice value above the server's: the event loop's RTP and audio work (whose audio the
+#: lanes wait for) then gets its core first when both want one; a decode takes tens of ms, a late packet
+#: holds up every session.
+LANE_NICE = 3
+
+
 def _lane_main(conn: Connection, whisper_path: str | None, config: StreamingConfig) -> None:
     """A process lane's child: one engine, the streams pinned to it, requests answered in order."""
+    import os
+
     from models.whisper_loader import load_whisper
 
     _name_process("asr-lane")
+    if LANE_NICE > 0 and hasattr(os, "nice"):
+        os.nice(LANE_NICE)
     engine = get_engine("whisper", load_whisper(whisper_path) if whisper_path else None, int8=config.int8)
     warm_this_thread()
     streams: dict[str, StreamingASR] = {}
