@@ -58,6 +58,7 @@ def _server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
         output_delay_s=args.output_delay,
         media_timeout_s=args.media_timeout,
         asr_lanes=args.asr_lanes,
+        asr_processes=not args.asr_threads,
         ui=ui,
         admission=args.admission,
         degrade=not args.no_degrade,
@@ -148,6 +149,9 @@ def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> N
                    help="seconds the returned video runs behind the camera, so captions land on their frames")
     p.add_argument("--asr-lanes", type=int, default=2,
                    help="parallel Whisper decode threads shared by all sessions (one model copy each)")
+    p.add_argument("--asr-threads", action="store_true",
+                   help="decode in the server's process (default: each ASR lane in a child process of its own, so "
+                   "decodes do not hold up the event loop and the other stages on the interpreter lock)")
     p.add_argument("--media-timeout", type=float, default=10.0,
                    help="end a session after this many seconds without media from its peer")
     p.add_argument("--admission", choices=["measured", "fixed"], default="measured",

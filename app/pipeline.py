@@ -52,10 +52,13 @@ def load_controller() -> LoadController:
 
 # --- speech -------------------------------------------------------------------------------------
 
-def asr_worker(whisper_path: str | None, lanes: int) -> ASRWorker:
-    """One shared streaming-ASR worker with ``lanes`` decode threads (a model copy each)."""
+def asr_worker(whisper_path: str | None, lanes: int, processes: bool = False) -> ASRWorker:
+    """One shared streaming-ASR worker with ``lanes`` decode threads (a model copy each; ``processes``:
+    each decoding in a child process of its own, see ``models.asr.worker``)."""
     from models.asr import ASRWorker
 
+    if processes:
+        return ASRWorker(lanes=lanes, processes=True, whisper_path=whisper_path)
     model = None
     if whisper_path:
         from models.whisper_loader import load_whisper

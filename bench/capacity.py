@@ -2,7 +2,8 @@
 
 Spawns ``synchrony serve`` on 127.0.0.1 (from this tree, every session admitted, no degradation;
 with ``--baseline REF`` first from that git commit too, in the same run, so the two figures share
-the machine's conditions), runs one load-test round of ``--peers`` light peers (pre-encoded media,
+the machine's conditions, with the same flags where that tree has them), runs one load-test round
+of ``--peers`` light peers (pre-encoded media,
 returned video counted, not decoded) looping the load test's sentence, and prints:
 
 * server CPU per peer: the server process's CPU seconds during the round (psutil) per second a peer
@@ -54,11 +55,23 @@ def stage_cpu(whip_url: str) -> dict[str, float]:
     return out
 
 
+def server_cpu_s(proc: psutil.Process) -> float:
+    """CPU seconds of the server process and its child processes (ASR lane processes) so far."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
 def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """One spawned server, one round of light peers: CPU per peer (server, per stage, client) and bounds."""
-    server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label}.log",
-                                    ["--admission", "fixed", "--no-degrade"] if code_dir is None else [],
-                                    code_dir=code_dir)
+    cli = ((code_dir or ROOT) / "app" / "cli.py").read_text()
+    fixed = ["--admission", "fixed", "--no-degrade"] if "--no-degrade" in cli else []  # older trees lack them
+    server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label}.log", fixed, code_dir=code_dir)
     try:
         ready = server.wait_ready()
         proc = psutil.Process(server.proc.pid)
@@ -66,14 +79,14 @@ def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir
         cfg = config.RoundConfig(url=server.url, duration_s=args.duration)
         specs = config.plan_peers(args.peers, min(args.workers, args.peers), args.stagger, {}, "clean")
         load_before = os.getloadavg()
-        stages0, cpu0 = stage_cpu(server.url), proc.cpu_times()
+        stages0, cpu0 = stage_cpu(server.url), server_cpu_s(proc)
         rnd = rounds.run_round(specs, cfg, server.proc.pid)
-        cpu1, stages1 = proc.cpu_times(), stage_cpu(server.url)
+        cpu1, stages1 = server_cpu_s(proc), stage_cpu(server.url)
         readyz = httpx.get(server.url.replace("/whip", "/readyz"), timeout=5).json()
     finally:
         server.stop()
     streamed = sum(p.get("run_s", 0.0) for p in rnd["peers"] if p.get("connected"))
-    server_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    server_s = cpu1 - cpu0
     agg = rnd["aggregate"]
     return {
         "label": label, "ready_after_s": ready.get("ready_after_s"), "peer_seconds": round(streamed, 1),

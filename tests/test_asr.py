@@ -223,6 +223,58 @@ async def test_two_streams_on_one_worker_both_complete(whisper_model, lanes):
     worker.stop()
 
 
+async def _run_streams(worker: ASRWorker, clips: dict[str, np.ndarray]) -> dict[str, list]:
+    """Push each clip into its own stream of ``worker`` in 20 ms chunks, close, collect every event."""
+    streams = {sid: worker.open(sid) for sid in clips}
+
+    async def collect(sid: str) -> list:
+        return [ev async for ev in streams[sid].events()]
+
+    tasks = {sid: asyncio.create_task(collect(sid)) for sid in clips}
+    for k in range(max(len(x) for x in clips.values()) // CHUNK + 1):
+        for sid, audio in clips.items():
+            seg = audio[k * CHUNK : (k + 1) * CHUNK]
+            if seg.size:
+                streams[sid].push(AudioChunk(k * CHUNK / SAMPLE_RATE, seg))
+        await asyncio.sleep(0)
+    for s in streams.values():
+        s.close()
+    return {sid: await asyncio.wait_for(t, 180) for sid, t in tasks.items()}
+
+
+async def test_process_lanes_give_the_thread_lanes_finals(whisper_model):
+    """Decoding in lane processes (``synchrony serve``'s default) changes where, not what: each stream
+    is pinned to its own lane and its final words are the in-process worker's."""
+    a = testmedia.synthesize_speech("send the report", lead_in_s=0.3)
+    b = testmedia.synthesize_speech("call me at noon", lead_in_s=0.3, voice="en-GB-x-rp")
+    tail = np.zeros(int(0.6 * SAMPLE_RATE), np.float32)
+    clips = {"a": np.concatenate([a.samples, tail]), "b": np.concatenate([b.samples, tail])}
+    procs = ASRWorker(max_queue_s=30.0, lanes=2, processes=True)
+    try:
+        assert procs.warmup() > 0 and len(procs.processes) == 2
+        got = await _run_streams(procs, clips)
+        assert procs.stats().decodes > 0 and procs.stats().streams == 0
+    finally:
+        procs.stop()
+    threads = ASRWorker(model=whisper_model, max_queue_s=30.0, lanes=1)
+    try:
+        want = await _run_streams(threads, clips)
+    finally:
+        threads.stop()
+
+    def finals(evs: list) -> list[WordToken]:
+        return [e for e in evs if isinstance(e, WordToken) and e.final]
+
+    for sid in clips:  # the same words; times within a few ms (a turn's audio depends on when a lane took it)
+        g, w = finals(got[sid]), finals(want[sid])
+        assert [t.text for t in g] == [t.text for t in w] and g, sid
+        assert [t.start for t in g] == pytest.approx([t.start for t in w], abs=0.02)
+        assert [t.end for t in g] == pytest.approx([t.end for t in w], abs=0.02)
+        assert isinstance(got[sid][-1], UtteranceEnd)
+    with pytest.raises(ValueError):
+        ASRWorker(model=whisper_model, processes=True, autostart=False)
+
+
 def test_streaming_config_is_validated():
     with pytest.raises(ValueError):
         StreamingConfig(step_s=0)

@@ -30,6 +30,10 @@ class ServerConfig:
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
     asr_lanes: int = 2  # decode threads sharing the sessions (one per core: decodes of different sessions overlap)
+    # each lane decodes in a child process (``synchrony serve``'s default): decoding in the server's
+    # process makes the event loop and the other stages wait for the interpreter lock (models/asr/worker.py).
+    # Off for in-process servers (tests, benches), whose startup stays one process.
+    asr_processes: bool = False
     # "measured": admit as many as the measured CPU per session allows (``synchrony serve``'s default);
     # "fixed": max_sessions (in-process test servers, whose CPU includes their own test peers)
     admission: str = "fixed"

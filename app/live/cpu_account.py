@@ -29,7 +29,7 @@ from app.live.stages import Stage
 STAGE_BY_PREFIX: tuple[tuple[str, Stage], ...] = (
     ("au-", Stage.FACES),  # a session's face analysis thread: MediaPipe + the LSTM controller ...
     ("drishti", Stage.FACES),  # ... and MediaPipe's graph threads (it names them itself)
-    ("asr-", Stage.ASR),  # VAD + streaming Whisper lanes
+    ("asr-", Stage.ASR),  # VAD + streaming Whisper lanes (threads, or child processes named ``asr-lane``)
     ("render", Stage.RENDER),  # camera conversion + overlay of the returned video
     ("asyncio_", Stage.VP8_ENCODE),  # the default executor: aiortc encodes the returned video there
     ("video-decoder", Stage.VP8_DECODE),  # aiortc's decoder threads: the camera ...
@@ -66,6 +66,28 @@ def stage_of(python_name: str | None, comm: str) -> Stage:
     return Stage.OTHER
 
 
+def _children() -> list[tuple[int, str, float]]:
+    """(pid, comm, user+system seconds) of this process's ASR lane processes (children named ``asr-lane``;
+    others, such as a test's own load generators, are not the server's)."""
+    import psutil
+
+    out = []
+    try:
+        kids = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return out
+    for kid in kids:
+        try:
+            with kid.oneshot():
+                name = kid.name()
+                if name.startswith("asr-lane"):
+                    t = kid.cpu_times()
+                    out.append((kid.pid, name, t.user + t.system))
+        except psutil.Error:
+            continue
+    return out
+
+
 def _thread_cpu_s(tid: int) -> tuple[str, float] | None:
     """(comm, user+system seconds) of one thread of this process, None if it has ended."""
     try:
@@ -94,6 +116,11 @@ class CpuAccount:
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         with self._lock:
             seen: dict[int, float] = {}
+            for pid, comm, cpu in _children():  # a whole child process counts as one thread (key: -pid)
+                seen[-pid] = cpu
+                delta = cpu - self._last.get(-pid, 0.0)
+                if delta > 0:
+                    self.totals[stage_of(None, comm)] += delta
             for entry in os.listdir("/proc/self/task"):
                 tid = int(entry)
                 got = _thread_cpu_s(tid)
@@ -113,9 +140,9 @@ class CpuAccount:
 
 
 def process_cpu_s() -> float:
-    """CPU seconds of this process so far (all threads, user + system)."""
+    """CPU seconds of this process and its live child processes (the ASR lanes) so far, user + system."""
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + sum(cpu for _, _, cpu in _children())
 
 
 def usable_cores() -> float:

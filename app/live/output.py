@@ -28,6 +28,7 @@ from alignment.types import WordToken
 from app.live.au import FaceAnalysis
 from app.live.degrade import Degradation
 from app.live.observe import Drop, SessionObserver
+from app.live.reliability import lower_thread_priority
 from app.live.stages import SessionConfig, Stage, StageHost, Stages
 from app.live.words import SyncStage, Transcript
 from models.video import RenderRequest
@@ -40,7 +41,11 @@ except ImportError:  # pragma: no cover - the conversion falls back to libswscal
 VIDEO_CLOCK = 90_000  # RTP clock rate of video
 #: The returned video's frames are drawn here, apart from the default executor where aiortc encodes
 #: them, so the two stages' CPU can be told apart (app.live.cpu_account); two threads serve every session.
-_RENDER_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="render")
+#: They run at nice ``RENDER_NICE``: a frame is drawn ``output_delay_s`` (1.5 s) before it is due, the audio
+#: path and the ASR have no such slack.
+RENDER_NICE = 3
+_RENDER_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="render",
+                                  initializer=lambda: lower_thread_priority(RENDER_NICE))
 CAPTION_HOLD_S = 4.0  # a caption stays up this long after its last word
 CAPTION_WORDS = 12
 

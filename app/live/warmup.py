@@ -119,7 +119,8 @@ def _warm_controller(state: WarmState) -> None:
 
 
 def _warm_asr(config: ServerConfig, state: WarmState) -> None:
-    worker = state.timed("asr", "load", lambda: pipeline.asr_worker(config.whisper_path, config.asr_lanes))
+    worker = state.timed("asr", "load", lambda: pipeline.asr_worker(config.whisper_path, config.asr_lanes,
+                                                                           config.asr_processes))
     state.timed("asr", "first_inference", worker.warmup)
     state.timed("asr", "first_stream", lambda: pipeline.warm_asr_stream(worker, warmup_speech()))
     state.stages.asr_worker = worker

@@ -2,7 +2,10 @@
 
 Bounded per-session audio queues (a full queue drops the oldest audio and counts it),
 earliest-deadline-first scheduling on ``lanes`` worker threads (a model copy each), an async event
-stream per session.
+stream per session. With ``processes=True`` each lane decodes in a child process of its own
+(:class:`ProcessLane`): a decode makes thousands of short torch calls, each of which gives up and
+retakes the interpreter lock, so decoding in the server's process makes every other thread (the
+event loop's RTP work above all) queue behind it for the lock and for a core; a child has its own lock.
 """
 
 from __future__ import annotations
@@ -10,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import multiprocessing as mp
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
 
 import numpy as np
 from whisper.model import Whisper
@@ -64,6 +70,7 @@ class ASRStream:
         self.closed = False
         self.finished = False
         self.busy = False  # a worker lane is feeding it (lanes never feed one stream at once)
+        self.lane: int | None = None  # the one lane that may feed it (process lanes keep its state), else any
         self.waiting_since = float("inf")  # monotonic time its oldest queued audio (or close) arrived
 
     # Called on the event loop (or any thread): never blocks.
@@ -81,7 +88,14 @@ class ASRStream:
                 self._queued_n -= len(old.samples)
                 self.dropped_chunks += 1
                 self._dropped_n += len(old.samples)
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake a lane (under the lock): any one, or every one when only the pinned lane may take it."""
+        if self.lane is None:
             self._cond.notify()
+        else:
+            self._cond.notify_all()
 
     @property
     def dropped_s(self) -> float:
@@ -109,7 +123,7 @@ class ASRStream:
         with self._cond:
             self.closed = True
             self.waiting_since = min(self.waiting_since, time.monotonic())
-            self._cond.notify()
+            self._wake()
 
     async def events(self) -> AsyncIterator[ASREvent]:
         """Every event of this stream until it is closed and flushed."""
@@ -176,6 +190,123 @@ def join_chunks(run: list[AudioChunk]) -> AudioChunk:
     return AudioChunk(run[0].pts, np.concatenate([np.asarray(c.samples, np.float32) for c in run]))
 
 
+def _feed(asr: StreamingASR, chunks: list[AudioChunk], closing: bool) -> list[ASREvent | None]:
+    """One lane turn of one stream: its queued audio (contiguous runs joined), then its flush if closing."""
+    events: list[ASREvent | None] = []
+    for c in _merge_contiguous(chunks):
+        events += asr.feed(c)
+    if closing:
+        events += asr.flush()
+        events.append(None)
+    return events
+
+
+def _name_process(name: str) -> None:
+    """Name this process (Linux ``prctl``; its ``comm``), so the server's CPU account files it under ASR."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(15, name.encode()[:15] + b"\0", 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+#: A lane process's nice value above the server's: the event loop's RTP and audio work (whose audio the
+#: lanes wait for) then gets its core first when both want one; a decode takes tens of ms, a late packet
+#: holds up every session.
+LANE_NICE = 3
+
+
+def _lane_main(conn: Connection, whisper_path: str | None, config: StreamingConfig) -> None:
+    """A process lane's child: one engine, the streams pinned to it, requests answered in order."""
+    import os
+
+    from models.whisper_loader import load_whisper
+
+    _name_process("asr-lane")
+    if LANE_NICE > 0 and hasattr(os, "nice"):
+        os.nice(LANE_NICE)
+    engine = get_engine("whisper", load_whisper(whisper_path) if whisper_path else None, int8=config.int8)
+    warm_this_thread()
+    streams: dict[str, StreamingASR] = {}
+    conn.send(("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        try:
+            if msg[0] == "stop":
+                return
+            if msg[0] == "warmup":
+                t = time.perf_counter()
+                engine.transcribe(msg[1])
+                conn.send(("ok", time.perf_counter() - t))
+                continue
+            _, sid, chunks, closing, step_s = msg
+            asr = streams.get(sid)
+            if asr is None:
+                asr = streams[sid] = StreamingASR(engine, replace(config, step_s=step_s))
+            elif asr.config.step_s != step_s:
+                asr.config = replace(asr.config, step_s=step_s)
+            before_n, before_s = asr.decode_count, asr.decode_s
+            events = _feed(asr, chunks, closing)
+            if closing:
+                del streams[sid]
+            conn.send(("ok", events, asr.decode_count - before_n, asr.decode_s - before_s))
+        except Exception as exc:  # noqa: BLE001 - the parent closes that stream; the lane goes on
+            if msg[0] == "job":
+                streams.pop(msg[1], None)
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class ProcessLane:
+    """A decode lane in a child process (spawned: the server's threads must not be forked); the
+    parent's lane thread sends it one stream's turn and blocks, without the lock, for the events."""
+
+    def __init__(self, whisper_path: str | None, config: StreamingConfig, index: int) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_lane_main, args=(child, whisper_path, config), name=f"asr-lane-{index}",
+                                daemon=True)
+        self.proc.start()
+        child.close()
+        self._ready = False
+        self._lock = threading.Lock()  # one request in flight (the lane thread; warm-up before it)
+
+    def _call(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
+        with self._lock:
+            if not self._ready:
+                self._conn.recv()  # ("ready",): the model is loaded
+                self._ready = True
+            self._conn.send(msg)
+            reply = self._conn.recv()
+        if reply[0] == "error":
+            raise RuntimeError(f"ASR lane process: {reply[1]}")
+        return reply
+
+    def warmup(self, audio: np.ndarray) -> None:
+        self._call(("warmup", audio))
+
+    def run(self, sid: str, chunks: list[AudioChunk], closing: bool, step_s: float,
+            ) -> tuple[list[ASREvent | None], int, float]:
+        """One turn of stream ``sid`` in the child: (events, decodes, decode seconds)."""
+        _, events, n, spent = self._call(("job", sid, chunks, closing, step_s))
+        return events, n, spent
+
+    def stop(self) -> None:
+        try:
+            self._conn.send(("stop",))
+        except (OSError, ValueError):
+            pass
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout=5)
+
+
 class ASRWorker:
     """Many sessions on ``lanes`` worker threads, earliest deadline first, bounded queues.
 
@@ -185,6 +316,11 @@ class ASRWorker:
     own copy of the model (forward passes on one model are serialised), so decodes of different
     sessions run on separate cores; a session is served by one lane at a time, by whichever is
     free (the streaming state is engine-independent: the copies hold the same weights).
+
+    ``processes=True``: each lane is a child process (:class:`ProcessLane`, loading ``whisper_path`` or
+    the default model) and each stream is pinned, at ``open``, to the lane with the fewest streams
+    (its recogniser state lives in that child). Same decodes and events, without the interpreter
+    lock shared with the server's other threads.
     """
 
     def __init__(
@@ -198,13 +334,23 @@ class ASRWorker:
         model: Whisper | None = None,
         autostart: bool = True,
         lanes: int = 1,
+        processes: bool = False,
+        whisper_path: str | None = None,
     ) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
+        if processes and not (isinstance(engine, str) and model is None):
+            raise ValueError("process lanes load the model themselves: pass whisper_path, not an engine or model")
         self.config = config or StreamingConfig()
         self._stream_config = self.config  # new streams' config (``set_step_s`` may change its step)
-        self.engine = get_engine(engine, model, int8=self.config.int8)
-        self.engines: list[Engine] = [self.engine] + [_engine_copy(self.engine) for _ in range(lanes - 1)]
+        self.processes: list[ProcessLane] = [ProcessLane(whisper_path, self.config, i)
+                                             for i in range(lanes)] if processes else []
+        from models.whisper_loader import load_whisper
+
+        self.engine = get_engine(engine, load_whisper(whisper_path) if processes and whisper_path else model,
+                                 int8=self.config.int8)
+        self.engines: list[Engine] = [self.engine] + [_engine_copy(self.engine) for _ in range(lanes - 1)
+                                                      if not processes]
         self.max_queue_s = max_queue_s
         self.max_events = max_events
         self.max_streams = max_streams
@@ -218,8 +364,8 @@ class ASRWorker:
         self._closed_drops = (0, 0, 0)  # chunks, samples, events dropped by streams now closed
         self._last_ms = 0.0
         self._threads = [
-            threading.Thread(target=self._run, args=(eng,), name=f"asr-worker-{i}", daemon=True)
-            for i, eng in enumerate(self.engines)
+            threading.Thread(target=self._run, args=(i,), name=f"asr-worker-{i}", daemon=True)
+            for i in range(lanes)
         ]
         if autostart:
             self.start()
@@ -240,6 +386,8 @@ class ASRWorker:
         t = time.perf_counter()
         for eng in self.engines:
             eng.transcribe(audio)
+        for lane in self.processes:
+            lane.warmup(audio)
         return time.perf_counter() - t
 
     def open(self, session_id: str) -> ASRStream:
@@ -257,6 +405,12 @@ class ASRWorker:
                 raise RuntimeError(f"ASR worker is full ({self.max_streams} sessions)")
             stream = ASRStream(self._cond, session_id, StreamingASR(self.engine, self._stream_config), self.max_queue_s,
                                self.max_events, loop)
+            if self.processes:  # pinned: its recogniser state lives in that lane's process
+                load = [0] * len(self.processes)
+                for s in self._streams.values():
+                    if s.lane is not None:
+                        load[s.lane] += 1
+                stream.lane = load.index(min(load))
             self._streams[session_id] = stream
             self._order.append(session_id)
             return stream
@@ -294,17 +448,21 @@ class ASRWorker:
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout=10)
+        for lane in self.processes:
+            lane.stop()
         for s in list(self._streams.values()):
             s.deliver([None])
 
-    def _next(self) -> tuple[ASRStream, list[AudioChunk], bool] | None:
+    def _next(self, lane: int) -> tuple[ASRStream, list[AudioChunk], bool] | None:
         """Earliest deadline first: the free session whose audio (or close) has waited longest,
         ties in round-robin order (under the lock): the session that has waited longest is the one
-        whose words are latest, which plain round-robin ignores."""
+        whose words are latest, which plain round-robin ignores. Streams pinned to another lane are skipped."""
         best: ASRStream | None = None
         for sid in self._order:
             s = self._streams[sid]
             if s.busy or not (s.queued_chunks or (s.closed and not s.finished)):
+                continue
+            if s.lane is not None and s.lane != lane:
                 continue
             if best is None or s.waiting_since < best.waiting_since:
                 best = s
@@ -317,30 +475,31 @@ class ASRWorker:
             return best, best.take(self.max_chunks_per_turn), False
         return best, [], True
 
-    def _run(self, engine: Engine) -> None:
-        warm_this_thread()
+    def _run(self, lane: int) -> None:
+        process = self.processes[lane] if self.processes else None
+        engine = self.engines[lane] if process is None else self.engine
+        if process is None:
+            warm_this_thread()
         while True:
             with self._cond:
-                job = self._next()
+                job = self._next(lane)
                 while job is None and not self._stop:
                     self._cond.wait()
-                    job = self._next()
+                    job = self._next(lane)
                 if self._stop:
                     return
             assert job is not None
             stream, chunks, closing = job
             try:
-                events: list[ASREvent | None] = []
-                stream.asr.engine = engine
-                before_n, before_s = stream.asr.decode_count, stream.asr.decode_s
-                for c in _merge_contiguous(chunks):
-                    events += stream.asr.feed(c)
-                if closing:
-                    events += stream.asr.flush()
-                    events.append(None)
-                n = stream.asr.decode_count - before_n
+                events: list[ASREvent | None]
+                if process is not None:
+                    events, n, spent = process.run(stream.session_id, chunks, closing, stream.asr.config.step_s)
+                else:
+                    stream.asr.engine = engine
+                    before_n, before_s = stream.asr.decode_count, stream.asr.decode_s
+                    events = _feed(stream.asr, chunks, closing)
+                    n, spent = stream.asr.decode_count - before_n, stream.asr.decode_s - before_s
                 if n:
-                    spent = stream.asr.decode_s - before_s
                     with self._cond:
                         self._decodes += n
                         self._decode_s += spent
