@@ -254,6 +254,15 @@ async def test_process_lanes_give_the_thread_lanes_finals(whisper_model):
         assert procs.warmup() > 0 and len(procs.processes) == 2
         got = await _run_streams(procs, clips)
         assert procs.stats().decodes > 0 and procs.stats().streams == 0
+        # A lane process that dies is started again: the turn it had fails, later streams get words.
+        lane = procs.processes[0]
+        lane.proc.kill()
+        lane.proc.join(10)
+        with pytest.raises(RuntimeError, match="ended"):
+            lane.warmup(clips["a"])
+        assert lane.restarts == 1 and lane.proc.is_alive()
+        again = await _run_streams(procs, {"c": clips["a"], "d": clips["b"]})
+        assert all(any(isinstance(e, WordToken) and e.final for e in evs) for evs in again.values())
     finally:
         procs.stop()
     threads = ASRWorker(model=whisper_model, max_queue_s=30.0, lanes=1)

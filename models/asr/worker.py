@@ -264,25 +264,41 @@ def _lane_main(conn: Connection, whisper_path: str | None, config: StreamingConf
 
 class ProcessLane:
     """A decode lane in a child process (spawned: the server's threads must not be forked); the
-    parent's lane thread sends it one stream's turn and blocks, without the lock, for the events."""
+    parent's lane thread sends it one stream's turn and blocks, without the lock, for the events.
+    A child that dies (killed, out of memory) is started again: the turn it was running fails (that
+    stream is closed), and the streams pinned to it start over with fresh recogniser state."""
 
     def __init__(self, whisper_path: str | None, config: StreamingConfig, index: int) -> None:
+        self._args = (whisper_path, config)
+        self._name = f"asr-lane-{index}"
+        self._lock = threading.Lock()  # one request in flight (the lane thread; warm-up before it)
+        self.restarts = 0
+        self._start()
+
+    def _start(self) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_lane_main, args=(child, whisper_path, config), name=f"asr-lane-{index}",
-                                daemon=True)
+        self.proc = ctx.Process(target=_lane_main, args=(child, *self._args), name=self._name, daemon=True)
         self.proc.start()
         child.close()
         self._ready = False
-        self._lock = threading.Lock()  # one request in flight (the lane thread; warm-up before it)
 
     def _call(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
         with self._lock:
-            if not self._ready:
-                self._conn.recv()  # ("ready",): the model is loaded
-                self._ready = True
-            self._conn.send(msg)
-            reply = self._conn.recv()
+            try:
+                if not self._ready:
+                    self._conn.recv()  # ("ready",): the model is loaded
+                    self._ready = True
+                self._conn.send(msg)
+                reply = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                code = self.proc.exitcode
+                self._conn.close()
+                self.proc.join(timeout=5)
+                self.restarts += 1
+                log.error("ASR lane process %s ended (exit code %s); starting it again", self._name, code)
+                self._start()
+                raise RuntimeError(f"ASR lane process ended (exit code {code})") from exc
         if reply[0] == "error":
             raise RuntimeError(f"ASR lane process: {reply[1]}")
         return reply
