@@ -43,8 +43,11 @@ class Admission:
         now = self.current = self.capacity.update(live)
         backlog = worker.stats().oldest_wait_s if worker is not None else 0.0
         before = self.degradation.level
-        signal = OverloadSignal(self.capacity.rate, self.capacity.cores, backlog, metrics.word_latency_median())
-        level = self.degradation.update(signal, time.monotonic())
+        if live:
+            signal = OverloadSignal(self.capacity.rate, self.capacity.cores, backlog, metrics.word_latency_median())
+            level = self.degradation.update(signal, time.monotonic())
+        else:  # no session has work to shed (the CPU is the warm-up's, or another process's): none is shed
+            level = self.degradation.reset(time.monotonic())
         if level != before:
             log.warning("degradation level %d -> %d (%s)", before, level, ", ".join(ORDER[:level]) or "none")
             if worker is not None:

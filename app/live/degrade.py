@@ -86,6 +86,15 @@ class Degradation:
             self._step(self.level - 1, now)
         return self.level
 
+    def reset(self, now: float) -> int:
+        """Level 0 at once: with no sessions there is no work to shed, and a level left over from
+        the warm-up or the last overload would only keep the next session out (admission takes no
+        one while the server sheds work)."""
+        self._over, self._since = False, now
+        if self.level:
+            self._step(0, now)
+        return self.level
+
     def _step(self, level: int, now: float) -> None:
         self.level = level
         self._since = now  # the next step needs its own full interval
