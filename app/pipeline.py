@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from models.video import FrameRenderer
 
 #: Silence after the warm-up utterance (samples at 16 kHz), so the stream reaches its endpoint.
-_WARM_TAIL = 6400
-_WARM_CHUNK = 320  # 20 ms, as a WebRTC peer delivers audio
 
 
 # --- faces and the load controller ----------------------------------------------------------------
@@ -68,16 +66,9 @@ def asr_worker(whisper_path: str | None, lanes: int, processes: bool = False) ->
 
 
 def warm_asr_stream(worker: ASRWorker, speech: np.ndarray) -> None:
-    """Run the streaming path once on ``speech`` (VAD, incremental decode, finalisation) so no
-    session pays for its first use."""
-    from alignment.types import AudioChunk
-    from models.asr import StreamingASR
-
-    audio = np.concatenate([speech, np.zeros(_WARM_TAIL, np.float32)])
-    stream = StreamingASR(worker.engine, worker.config)
-    for i in range(0, len(audio), _WARM_CHUNK):
-        stream.feed(AudioChunk(i / 16000, audio[i : i + _WARM_CHUNK]))
-    stream.flush()
+    """Run the streaming path once on ``speech`` (VAD, incremental decode, finalisation) in every
+    decode lane, so no session pays for its first use."""
+    worker.warm_streams(speech)
 
 
 def offline_whisper(path: str | None) -> Whisper:

@@ -201,6 +201,22 @@ def _feed(asr: StreamingASR, chunks: list[AudioChunk], closing: bool) -> list[AS
     return events
 
 
+#: Warm-up stream: 20 ms chunks, as a WebRTC peer delivers audio, and silence after the speech so
+#: the utterance ends (its finalisation and word timing run too).
+_WARM_CHUNK = 320
+_WARM_TAIL_S = 0.4
+
+
+def warm_stream(engine: Engine, config: StreamingConfig, speech: np.ndarray) -> None:
+    """Run the streaming path once on ``speech`` (VAD, incremental decode, finalisation, word
+    timing with each reference voice) with ``engine``, so no session pays for its first use."""
+    audio = np.concatenate([np.asarray(speech, np.float32), np.zeros(int(_WARM_TAIL_S * SAMPLE_RATE), np.float32)])
+    stream = StreamingASR(engine, config)
+    for i in range(0, len(audio), _WARM_CHUNK):
+        stream.feed(AudioChunk(i / SAMPLE_RATE, audio[i : i + _WARM_CHUNK]))
+    stream.flush()
+
+
 def _name_process(name: str) -> None:
     """Name this process (Linux ``prctl``; its ``comm``), so the server's CPU account files it under ASR."""
     import ctypes
@@ -244,6 +260,10 @@ def _lane_main(conn: Connection, whisper_path: str | None, config: StreamingConf
                 t = time.perf_counter()
                 engine.transcribe(msg[1])
                 conn.send(("ok", time.perf_counter() - t))
+                continue
+            if msg[0] == "warm_stream":
+                warm_stream(engine, config, msg[1])
+                conn.send(("ok",))
                 continue
             _, sid, chunks, closing, step_s = msg
             asr = streams.get(sid)
@@ -305,6 +325,9 @@ class ProcessLane:
 
     def warmup(self, audio: np.ndarray) -> None:
         self._call(("warmup", audio))
+
+    def warm_stream(self, speech: np.ndarray) -> None:
+        self._call(("warm_stream", speech))
 
     def run(self, sid: str, chunks: list[AudioChunk], closing: bool, step_s: float,
             ) -> tuple[list[ASREvent | None], int, float]:
@@ -405,6 +428,15 @@ class ASRWorker:
         for lane in self.processes:
             lane.warmup(audio)
         return time.perf_counter() - t
+
+    def warm_streams(self, speech: np.ndarray) -> None:
+        """Run the streaming path once on ``speech`` where decoding happens: in every lane process
+        (each has its own VAD, recogniser and aligners to warm), or here for thread lanes."""
+        if self.processes:
+            for lane in self.processes:
+                lane.warm_stream(speech)
+        else:
+            warm_stream(self.engine, self.config, speech)
 
     def open(self, session_id: str) -> ASRStream:
         """A new session stream; call from the event loop that will iterate its events."""
