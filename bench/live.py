@@ -140,9 +140,9 @@ async def main() -> int:
     clip = testmedia.make_av_clip(markers=(0.25, CLIP_MARKER_END), tail_s=1.0,
                                   speech=testmedia.speak(text, args.voice, lead_in_s=0.6))
     delay = "" if args.output_delay is None else f", output_delay_s={args.output_delay}"
-    code = (
+    code = (  # the ASR lanes in processes, as `synchrony serve` runs them
         "import logging, sys; from app.live.server import ServerConfig, serve; "
-        f"serve('127.0.0.1', {port}, ServerConfig(ui=False{delay}))"
+        f"serve('127.0.0.1', {port}, ServerConfig(ui=False, asr_processes=True{delay}))"
     )
     t_start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,

@@ -16,6 +16,7 @@ from typing import TypeVar
 import numpy as np
 
 from alignment.espeak import synthesize_speech
+from alignment.timing_dtw import single_threaded_blas
 from alignment.types import AU_NAMES, AUSample, VideoFrame
 from app import pipeline
 from app.live.config import ServerConfig
@@ -50,6 +51,9 @@ class WarmState:
 
 def warm_up(config: ServerConfig, state: WarmState) -> None:
     """Load every available stage and run one inference through it; record what is missing and why."""
+    # One BLAS thread for the server process, before any stage runs: OpenBLAS's idle workers spin
+    # after each call, and with the decode lanes in their own processes nothing here set it lazily.
+    single_threaded_blas()
     probe = warmup_frame(config)
     warmers: dict[str, Callable[[], None]] = {
         "asr": lambda: _warm_asr(config, state),
