@@ -199,21 +199,7 @@ async def test_two_streams_on_one_worker_both_complete(whisper_model, lanes):
     b = testmedia.synthesize_speech("call me at noon", lead_in_s=0.3, voice="en-GB-x-rp")
     tail = np.zeros(int(0.6 * SAMPLE_RATE), np.float32)
     clips = {"a": np.concatenate([a.samples, tail]), "b": np.concatenate([b.samples, tail])}
-    streams = {sid: worker.open(sid) for sid in clips}
-
-    async def collect(sid: str) -> list:
-        return [ev async for ev in streams[sid].events()]
-
-    tasks = {sid: asyncio.create_task(collect(sid)) for sid in clips}
-    for k in range(max(len(x) for x in clips.values()) // CHUNK + 1):
-        for sid, audio in clips.items():
-            seg = audio[k * CHUNK : (k + 1) * CHUNK]
-            if seg.size:
-                streams[sid].push(AudioChunk(k * CHUNK / SAMPLE_RATE, seg))
-        await asyncio.sleep(0)
-    for s in streams.values():
-        s.close()
-    results = {sid: await asyncio.wait_for(t, 120) for sid, t in tasks.items()}
+    results = await _run_streams(worker, clips)
     for sid, speech in (("a", a), ("b", b)):
         finals = [e for e in results[sid] if isinstance(e, WordToken) and e.final]
         assert _hits(finals, speech) >= len(speech.words) - 1, (sid, finals)
