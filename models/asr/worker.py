@@ -17,7 +17,8 @@ import multiprocessing as mp
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -28,7 +29,7 @@ from whisper.model import Whisper
 from alignment.espeak import EspeakUnavailable, synthesize_speech
 from alignment.forced import warm_this_thread
 from alignment.types import SAMPLE_RATE, AudioChunk
-from models.asr.engine import Engine, WhisperEngine, get_engine
+from models.asr.engine import DecodedWord, Engine, WhisperEngine, get_engine
 from models.asr.streaming import ASREvent, StreamingASR, StreamingConfig
 
 log = logging.getLogger(__name__)
@@ -282,6 +283,29 @@ def _lane_main(conn: Connection, whisper_path: str | None, config: StreamingConf
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
+class _InLaneProcesses:
+    """The engine of a worker whose lanes decode in their own processes: the server process's
+    streams keep their settings (the step) and never decode, so no model is loaded there."""
+
+    name = "whisper (in the lane processes)"
+
+    def transcribe(self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = "",
+                   draft: Sequence[str] = (), expect_words: bool = False) -> list[DecodedWord]:
+        raise RuntimeError("this worker decodes in its lane processes")
+
+
+def _each(lanes: list[ProcessLane], call: Callable[[ProcessLane], None]) -> None:
+    """``call`` on every lane at once (each lane is its own process: its warm-up need not wait for
+    the others')."""
+    if len(lanes) <= 1:
+        for lane in lanes:
+            call(lane)
+        return
+    with ThreadPoolExecutor(len(lanes), thread_name_prefix="asr-warm") as pool:
+        for done in [pool.submit(call, lane) for lane in lanes]:
+            done.result()
+
+
 class ProcessLane:
     """A decode lane in a child process (spawned: the server's threads must not be forked); the
     parent's lane thread sends it one stream's turn and blocks, without the lock, for the events.
@@ -384,12 +408,10 @@ class ASRWorker:
         self._stream_config = self.config  # new streams' config (``set_step_s`` may change its step)
         self.processes: list[ProcessLane] = [ProcessLane(whisper_path, self.config, i)
                                              for i in range(lanes)] if processes else []
-        from models.whisper_loader import load_whisper
-
-        self.engine = get_engine(engine, load_whisper(whisper_path) if processes and whisper_path else model,
-                                 int8=self.config.int8)
-        self.engines: list[Engine] = [self.engine] + [_engine_copy(self.engine) for _ in range(lanes - 1)
-                                                      if not processes]
+        # With process lanes the streams here only hold their state's settings: no model is loaded.
+        self.engine: Engine = _InLaneProcesses() if processes else get_engine(engine, model, int8=self.config.int8)
+        self.engines: list[Engine] = [] if processes else [self.engine] + [_engine_copy(self.engine)
+                                                                           for _ in range(lanes - 1)]
         self.max_queue_s = max_queue_s
         self.max_events = max_events
         self.max_streams = max_streams
@@ -425,16 +447,14 @@ class ASRWorker:
         t = time.perf_counter()
         for eng in self.engines:
             eng.transcribe(audio)
-        for lane in self.processes:
-            lane.warmup(audio)
+        _each(self.processes, lambda lane: lane.warmup(audio))
         return time.perf_counter() - t
 
     def warm_streams(self, speech: np.ndarray) -> None:
         """Run the streaming path once on ``speech`` where decoding happens: in every lane process
         (each has its own VAD, recogniser and aligners to warm), or here for thread lanes."""
         if self.processes:
-            for lane in self.processes:
-                lane.warm_stream(speech)
+            _each(self.processes, lambda lane: lane.warm_stream(speech))
         else:
             warm_stream(self.engine, self.config, speech)
 
