@@ -126,7 +126,9 @@ async def main() -> int:
     clip = make_clip(args.voice)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    code = f"from app.live.server import ServerConfig, serve; serve('127.0.0.1', {port}, ServerConfig())"
+    # The ASR lanes in processes, as `synchrony serve` runs them.
+    code = (f"from app.live.server import ServerConfig, serve; "
+            f"serve('127.0.0.1', {port}, ServerConfig(asr_processes=True))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
