@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from models.responders import Responder
     from models.video import FrameRenderer
 
-#: Silence after the warm-up utterance (samples at 16 kHz), so the stream reaches its endpoint.
-
 
 # --- faces and the load controller ----------------------------------------------------------------
 
