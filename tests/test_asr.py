@@ -270,6 +270,20 @@ async def test_process_lanes_give_the_thread_lanes_finals(whisper_model):
         ASRWorker(model=whisper_model, processes=True, autostart=False)
 
 
+def test_a_lane_process_that_cannot_start_fails_plainly_and_is_not_restarted():
+    """No model (a wrong path): the lane reports why on every call instead of respawning forever."""
+    from models.asr.worker import ProcessLane
+
+    lane = ProcessLane("/nonexistent/tiny.en.pt", StreamingConfig(), 0)
+    try:
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="failed to start"):
+                lane.warmup(np.zeros(SAMPLE_RATE, np.float32))
+        assert lane.restarts == 0 and not lane.proc.is_alive()
+    finally:
+        lane.stop()
+
+
 def test_streaming_config_is_validated():
     with pytest.raises(ValueError):
         StreamingConfig(step_s=0)

@@ -317,6 +317,8 @@ class ProcessLane:
         self._name = f"asr-lane-{index}"
         self._lock = threading.Lock()  # one request in flight (the lane thread; warm-up before it)
         self.restarts = 0
+        self._ever_ready = False
+        self._broken: str | None = None
         self._start()
 
     def _start(self) -> None:
@@ -329,16 +331,21 @@ class ProcessLane:
 
     def _call(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
         with self._lock:
+            if self._broken is not None:
+                raise RuntimeError(self._broken)
             try:
                 if not self._ready:
                     self._conn.recv()  # ("ready",): the model is loaded
-                    self._ready = True
+                    self._ready = self._ever_ready = True
                 self._conn.send(msg)
                 reply = self._conn.recv()
             except (EOFError, OSError) as exc:
                 code = self.proc.exitcode
                 self._conn.close()
                 self.proc.join(timeout=5)
+                if not self._ever_ready:  # it never started (no model, no memory): starting it again would loop
+                    self._broken = f"ASR lane process failed to start (exit code {code})"
+                    raise RuntimeError(self._broken) from exc
                 self.restarts += 1
                 log.error("ASR lane process %s ended (exit code %s); starting it again", self._name, code)
                 self._start()
