@@ -317,8 +317,8 @@ def _synthesis_group(
     readings: dict[str, tuple[float, float]] = {}
     for ref_voice in evidence.candidates:
         try:
-            by_voice[ref_voice], _, readings[ref_voice] = _refine_group(x, pts0, words, texts, lookahead_s,
-                                                                        wanted, ref_voice)
+            by_voice[ref_voice], readings[ref_voice] = _refine_group(x, pts0, words, texts, lookahead_s, wanted,
+                                                                     ref_voice)
         except SynthesisUnavailable as exc:
             _warn_once(f"alignment by synthesis unavailable ({exc}); forced alignment only")
             return {}, evidence
@@ -428,11 +428,11 @@ def _forced_group(
 def _refine_group(
     x: np.ndarray, pts0: float, words: Sequence[WordToken], texts: tuple[str, ...], lookahead_s: float | None,
     wanted: Sequence[bool], voice: str = REF_VOICE,
-) -> tuple[list[tuple[float | None, float | None]], list[float], tuple[float, float]]:
+) -> tuple[list[tuple[float | None, float | None]], tuple[float, float]]:
     """Refined (start, end) on the session clock for the ``wanted`` words of one run of speakable
-    words (None: not placed or not wanted) against ``voice``'s reference, each word's path
-    mismatch (:func:`_mismatch`), and the run's reading for :class:`VoiceEvidence`: (mismatch,
-    speech seconds) of the path that covered the most speech."""
+    words (None: not placed or not wanted) against ``voice``'s reference, and the run's reading
+    for :class:`VoiceEvidence`: (path mismatch (:func:`_mismatch`), speech seconds) of the path
+    that covered the most speech."""
     try:
         ref = synthesize_reference(texts, voice)
     except Exception as exc:  # espeak missing or failing: the caller keeps the estimates
@@ -453,10 +453,9 @@ def _refine_group(
         if n_frames >= 2:
             stops.setdefault(n_frames, []).append(j)
     result: list[tuple[float | None, float | None]] = [(None, None)] * len(words)
-    mismatches = [float("inf")] * len(words)
     reading = (float("inf"), 0.0)
     if not stops:
-        return result, mismatches, reading
+        return result, reading
     p_real = mel_power(x[seg_lo : seg_lo + (max(stops) - 1) * HOP + WIN])
     p_ref = mel_power(ref.samples)
     t0 = pts0 + seg_lo / SAMPLE_RATE
@@ -484,13 +483,12 @@ def _refine_group(
             if spoken_s > reading[1]:
                 reading = (mismatch, spoken_s)
             for j in stops[n_frames]:
-                mismatches[j] = mismatch
                 k_on, k_end = ref.onsets[j] * SAMPLE_RATE / HOP, ref.ends[j] * SAMPLE_RATE / HOP
                 on = path.frame_of_or_after(k_on) if lookahead_s is not None else path.real_frame_of(k_on)
                 end = path.real_frame_of(k_end)
                 result[j] = (None if on is None else t0 + _frame_time(on),
                              None if end is None else t0 + _frame_time(end))
-    return result, mismatches, reading
+    return result, reading
 
 
 def _mismatch(cost: np.ndarray, path: Alignment, filler: float, speech: tuple[float, float]
