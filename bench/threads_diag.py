@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,27 +48,31 @@ def tasks(pid: int) -> list[str]:
     return out
 
 
-def run_delay(pid: int) -> dict[int, float]:
-    """tid -> seconds each thread waited runnable for a core (``schedstat``'s run delay)."""
-    out = {}
+T = TypeVar("T")
+
+
+def _per_thread(pid: int, file: str, read: Callable[[str], T]) -> dict[int, T]:
+    """tid -> ``read`` of each live thread's ``/proc/<pid>/task/<tid>/<file>`` (threads that end
+    between listing and reading are left out)."""
+    out: dict[int, T] = {}
     for path in tasks(pid):
         try:
-            out[int(path.rsplit("/", 1)[1])] = int(open(f"{path}/schedstat").read().split()[1]) / 1e9
+            with open(f"{path}/{file}") as fh:
+                out[int(path.rsplit("/", 1)[1])] = read(fh.read())
         except (OSError, IndexError, ValueError):
             continue
     return out
 
 
+def run_delay(pid: int) -> dict[int, float]:
+    """tid -> seconds each thread waited runnable for a core (``schedstat``'s run delay)."""
+    return _per_thread(pid, "schedstat", lambda text: int(text.split()[1]) / 1e9)
+
+
 def ctx_switches(pid: int) -> dict[int, int]:
     """tid -> context switches (voluntary + involuntary) of each live thread of ``pid`` so far."""
-    out = {}
-    for path in tasks(pid):
-        try:
-            out[int(path.rsplit("/", 1)[1])] = sum(int(line.split()[-1]) for line in open(f"{path}/status")
-                                                   if "ctxt_switches" in line)
-        except OSError:
-            continue
-    return out
+    return _per_thread(pid, "status", lambda text: sum(int(line.split()[-1]) for line in text.splitlines()
+                                                       if "ctxt_switches" in line))
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
