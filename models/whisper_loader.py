@@ -18,6 +18,7 @@ import logging
 import os
 import struct
 import threading
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -278,29 +279,23 @@ def _resolve(path: str | None, allow_download: bool) -> tuple[str, Whisper]:
     )
 
 
+@lru_cache(maxsize=1)
 def cache_word_timing_dtw() -> bool:
     """openai-whisper's word-timing DTW with numba's on-disk cache (once per process; False if numba
     refuses). openai-whisper compiles it at its first call in every process, ~2.4 s, and every ASR
     lane process and each offline run paid that before its first words; cached, only the first
     process on a machine compiles it. Same functions, same numba options plus ``cache``."""
-    global _DTW_CACHED
-    with _CACHE_LOCK:
-        if _DTW_CACHED is None:
-            import numba
-            import whisper.timing as wt
+    import numba
+    import whisper.timing as wt
 
-            try:
-                # backtrace first: dtw_cpu calls it through the module's globals when it compiles.
-                wt.backtrace = numba.jit(nopython=True, cache=True)(wt.backtrace.py_func)
-                wt.dtw_cpu = numba.jit(nopython=True, parallel=True, cache=True)(wt.dtw_cpu.py_func)
-                _DTW_CACHED = True
-            except Exception as exc:  # noqa: BLE001 - an older or newer openai-whisper: keep its own
-                log.info("whisper: word-timing DTW left uncached: %s", exc)
-                _DTW_CACHED = False
-        return _DTW_CACHED
-
-
-_DTW_CACHED: bool | None = None
+    try:
+        # backtrace first: dtw_cpu calls it through the module's globals when it compiles.
+        wt.backtrace = numba.jit(nopython=True, cache=True)(wt.backtrace.py_func)
+        wt.dtw_cpu = numba.jit(nopython=True, parallel=True, cache=True)(wt.dtw_cpu.py_func)
+    except Exception as exc:  # noqa: BLE001 - an older or newer openai-whisper: keep its own
+        log.info("whisper: word-timing DTW left uncached: %s", exc)
+        return False
+    return True
 
 
 def load_whisper(path: str | None = None, allow_download: bool = False) -> Whisper:
