@@ -69,13 +69,16 @@ def place_token(
     Ideal: the frames within ±40 ms of its start (all of them offline, ``next_frame`` None). Live,
     frames before ``next_frame`` were already sent and cannot carry it any more, so a token that
     arrives after its frames went out is drawn on the next frame (``late``). A revision of a word
-    already on screen (``previous``, same text) keeps the frames it was first presented on.
+    already on screen (``previous``, same text) keeps the frames it was first presented on, when
+    they are within the tolerance of its start: a hypothesis that showed the word somewhere else
+    (an interim that put a whole repeated sentence at one instant) does not pin the final there.
     """
     ideal = frames_for_time(tok.start, n_frames, fps)
     if next_frame is None:
         return TokenFrames(tok, ideal)
     if (previous is not None and previous.frames and previous.frames[0] < next_frame
-            and alnum_key(previous.token.text) == alnum_key(tok.text)):
+            and alnum_key(previous.token.text) == alnum_key(tok.text)
+            and abs(frame_pts(previous.frames[0], fps) - tok.start) <= TOLERANCE_S + _EPS):
         frames = previous.frames
     else:
         frames = tuple(k for k in ideal if k >= next_frame) or (next_frame,)

@@ -50,6 +50,17 @@ def test_revision_of_a_word_on_screen_keeps_its_frames_but_a_new_word_moves():
     assert frames == (30,) and late
 
 
+def test_revision_shown_far_from_its_start_is_placed_anew():
+    """An interim put ``you`` at 4.109 s (a repeated sentence at one instant); its final starts at
+    5.3765 s: kept there, the final would be drawn 1.25 s early and fail Level-3."""
+    interim = word("you", 4.109)
+    final = WordToken("you", 5.3765, 5.48, final=True)
+    frames, late = live(final, interim, frames_for_time(4.109), next_frame=69)
+    assert frames == frames_for_time(5.3765) and not late
+    sent = live(final, interim, frames_for_time(4.109), next_frame=90)  # its own frames went out too
+    assert sent == ((90,), True)
+
+
 @given(start=st.floats(0.0, 60.0), next_frame=st.integers(0, 1200))
 def test_frames_are_never_in_the_past_and_late_means_missed(start, next_frame):
     frames, late = live(word("w", start), None, (), next_frame)
