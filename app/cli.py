@@ -13,8 +13,9 @@ import os
 import sys
 from pathlib import Path
 
+from app.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
 from app.live.config import ServerConfig
-from app.offline.analyze import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
+from app.live.stages import Stage
 
 log = logging.getLogger("synchrony")
 
@@ -72,9 +73,14 @@ def _serve(args: argparse.Namespace) -> int:
     from app.live.reliability import bound_native_memory
 
     bound_native_memory()  # before models load and codec threads start
+    config = _server_config(args)
+    if config.asr_processes and Stage.ASR in config.stages:
+        from app.live.asr_prestart import start_lanes
+
+        start_lanes(config.asr_lanes, config.whisper_path)  # they load Whisper while the server imports
     from app.live.server import serve
 
-    serve(args.host, args.port, _server_config(args))
+    serve(args.host, args.port, config)
     return EXIT_OK
 
 

@@ -8,13 +8,16 @@ when it is built, and the rest of the pipeline still loads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
     from whisper.model import Whisper
 
     from models.asr import ASRWorker
@@ -48,13 +51,15 @@ def load_controller() -> LoadController:
 
 # --- speech -------------------------------------------------------------------------------------
 
-def asr_worker(whisper_path: str | None, lanes: int, processes: bool = False) -> ASRWorker:
+def asr_worker(whisper_path: str | None, lanes: int, processes: bool = False,
+               started_lanes: Sequence[tuple[Connection, BaseProcess]] = ()) -> ASRWorker:
     """One shared streaming-ASR worker with ``lanes`` decode threads (a model copy each; ``processes``:
-    each decoding in a child process of its own, see ``models.asr.worker``)."""
+    each decoding in a child process of its own, see ``models.asr.worker``, the first ones
+    ``started_lanes`` if given)."""
     from models.asr import ASRWorker
 
     if processes:
-        return ASRWorker(lanes=lanes, processes=True, whisper_path=whisper_path)
+        return ASRWorker(lanes=lanes, processes=True, whisper_path=whisper_path, started_lanes=started_lanes)
     model = None
     if whisper_path:
         from models.whisper_loader import load_whisper

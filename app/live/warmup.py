@@ -19,6 +19,7 @@ from alignment.espeak import synthesize_speech
 from alignment.timing_dtw import single_threaded_blas
 from alignment.types import AU_NAMES, AUSample, VideoFrame
 from app import pipeline
+from app.live.asr_prestart import take_started_lanes
 from app.live.config import ServerConfig
 from app.live.session import Stages
 from app.talking_face import talking_face_frames
@@ -123,8 +124,9 @@ def _warm_controller(state: WarmState) -> None:
 
 
 def _warm_asr(config: ServerConfig, state: WarmState) -> None:
+    started = take_started_lanes(config.whisper_path, config.asr_lanes) if config.asr_processes else []
     worker = state.timed("asr", "load", lambda: pipeline.asr_worker(config.whisper_path, config.asr_lanes,
-                                                                           config.asr_processes))
+                                                                           config.asr_processes, started))
     state.timed("asr", "first_inference", worker.warmup)
     state.timed("asr", "first_stream", lambda: pipeline.warm_asr_stream(worker, warmup_speech()))
     state.stages.asr_worker = worker

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from alignment.frames import FPS, attach_tokens, frame_count
 from alignment.types import WordToken
 from app import pipeline
+from app.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_PARTIAL
 from app.offline.media_io import DecodedMedia, decode_media, write_annotated
 from app.offline.progress import Progress
 from app.offline.replay import replay_lst
@@ -41,10 +42,6 @@ __all__ = ["EXIT_BAD_INPUT", "EXIT_ERROR", "EXIT_OK", "EXIT_PARTIAL", "AnalyzeOp
 
 T = TypeVar("T")
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_BAD_INPUT = 2
-EXIT_PARTIAL = 3
 
 
 @dataclass(frozen=True)

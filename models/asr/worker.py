@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import multiprocessing as mp
 import threading
 import time
 from collections import deque
@@ -21,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from alignment.forced import warm_this_thread
 from alignment.types import SAMPLE_RATE, AudioChunk
 from models.asr.engine import DecodedWord, Engine, WhisperEngine, get_engine
 from models.asr.streaming import ASREvent, StreamingASR, StreamingConfig
+from models.lane_process import name_process, spawn_lane
 
 log = logging.getLogger(__name__)
 
@@ -218,31 +219,19 @@ def warm_stream(engine: Engine, config: StreamingConfig, speech: np.ndarray) -> 
     stream.flush()
 
 
-def _name_process(name: str) -> None:
-    """Name this process (Linux ``prctl``; its ``comm``), so the server's CPU account files it under ASR."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(15, name.encode()[:15] + b"\0", 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
-
-
 #: A lane process's nice value above the server's: the event loop's RTP and audio work (whose audio the
 #: lanes wait for) then gets its core first when both want one; a decode takes tens of ms, a late packet
 #: holds up every session.
 LANE_NICE = 3
 
 
-def _lane_main(conn: Connection, whisper_path: str | None, config: StreamingConfig) -> None:
+def lane_main(conn: Connection, whisper_path: str | None, config: StreamingConfig) -> None:
     """A process lane's child: one engine, the streams pinned to it, requests answered in order."""
     import os
 
     from models.whisper_loader import load_whisper
 
-    _name_process("asr-lane")
+    name_process("asr-lane")
     if LANE_NICE > 0 and hasattr(os, "nice"):
         os.nice(LANE_NICE)
     engine = get_engine("whisper", load_whisper(whisper_path) if whisper_path else None, int8=config.int8)
@@ -312,21 +301,19 @@ class ProcessLane:
     A child that dies (killed, out of memory) is started again: the turn it was running fails (that
     stream is closed), and the streams pinned to it start over with fresh recogniser state."""
 
-    def __init__(self, whisper_path: str | None, config: StreamingConfig, index: int) -> None:
+    def __init__(self, whisper_path: str | None, config: StreamingConfig, index: int,
+                 started: tuple[Connection, BaseProcess] | None = None) -> None:
         self._args = (whisper_path, config)
         self._name = f"asr-lane-{index}"
         self._lock = threading.Lock()  # one request in flight (the lane thread; warm-up before it)
         self.restarts = 0
         self._ever_ready = False
         self._broken: str | None = None
-        self._start()
+        self._start(started)
 
-    def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_lane_main, args=(child, *self._args), name=self._name, daemon=True)
-        self.proc.start()
-        child.close()
+    def _start(self, started: tuple[Connection, BaseProcess] | None = None) -> None:
+        """Adopt ``started`` (a child running :func:`lane_main` with these settings), else spawn one."""
+        self._conn, self.proc = started or spawn_lane(lane_main, self._name, *self._args)
         self._ready = False
 
     def _call(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -390,7 +377,8 @@ class ASRWorker:
     ``processes=True``: each lane is a child process (:class:`ProcessLane`, loading ``whisper_path`` or
     the default model) and each stream is pinned, at ``open``, to the lane with the fewest streams
     (its recogniser state lives in that child). Same decodes and events, without the interpreter
-    lock shared with the server's other threads.
+    lock shared with the server's other threads. ``started_lanes``: children already loading
+    (``app.live.asr_prestart``), adopted as the first lanes.
     """
 
     def __init__(
@@ -406,6 +394,7 @@ class ASRWorker:
         lanes: int = 1,
         processes: bool = False,
         whisper_path: str | None = None,
+        started_lanes: Sequence[tuple[Connection, BaseProcess]] = (),
     ) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
@@ -413,8 +402,9 @@ class ASRWorker:
             raise ValueError("process lanes load the model themselves: pass whisper_path, not an engine or model")
         self.config = config or StreamingConfig()
         self._stream_config = self.config  # new streams' config (``set_step_s`` may change its step)
-        self.processes: list[ProcessLane] = [ProcessLane(whisper_path, self.config, i)
-                                             for i in range(lanes)] if processes else []
+        started = list(started_lanes)  # children already running lane_main with these settings
+        self.processes: list[ProcessLane] = [ProcessLane(whisper_path, self.config, i, started[i] if i < len(started)
+                                                         else None) for i in range(lanes)] if processes else []
         # With process lanes the streams here only hold their state's settings: no model is loaded.
         self.engine: Engine = _InLaneProcesses() if processes else get_engine(engine, model, int8=self.config.int8)
         self.engines: list[Engine] = [] if processes else [self.engine] + [_engine_copy(self.engine)
