@@ -1,4 +1,5 @@
-"""Live latency over loopback: a fresh server process, aiortc WHIP peers sending a generated clip.
+"""Live latency over loopback: a fresh `synchrony serve` process (its web page included), aiortc
+WHIP peers sending a generated clip.
 
 Targets (from the issue), each printed with PASS/FAIL:
   * /readyz ready ≤ 15 s after the server process starts (every model loaded and run once);
@@ -139,13 +140,10 @@ async def main() -> int:
     text = "please call me back when you have a moment and send the report to my office before noon"
     clip = testmedia.make_av_clip(markers=(0.25, CLIP_MARKER_END), tail_s=1.0,
                                   speech=testmedia.speak(text, args.voice, lead_in_s=0.6))
-    delay = "" if args.output_delay is None else f", output_delay_s={args.output_delay}"
-    code = (  # the ASR lanes in processes, as `synchrony serve` runs them
-        "import logging, sys; from app.live.server import ServerConfig, serve; "
-        f"serve('127.0.0.1', {port}, ServerConfig(ui=False, asr_processes=True{delay}))"
-    )
+    delay = [] if args.output_delay is None else ["--output-delay", str(args.output_delay)]
+    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), *delay]  # what a user runs
     t_start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         ready_s, ready = await _wait_ready(base, t_start)
