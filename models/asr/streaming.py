@@ -113,6 +113,7 @@ class StreamingConfig:
     guard_prob: float = 0.5  # an agreed word below this probability ...
     guard_s: float = 0.5  # ... becomes final only with this much audio after it
     guard_decode: bool = True  # decode when a held word's guard ends, not on the next step after it
+    hold_repeats: bool = True  # a word repeating the one before it waits for its guard as an unsure one
     expect_after_s: float | None = 0.15  # a carried window with this much new speech must go on (None: off)
     end_min_prob: float = 0.2  # at an endpoint, trailing words below this are the model hearing silence
     max_window_s: float = MAX_WINDOW_S  # past this, re-base the window at a final word boundary
@@ -343,8 +344,14 @@ class StreamingASR:
         while n_agree and new[n_agree - 1].end > heard - cfg.right_context_s:
             n_agree -= 1
         self._guard_end = float("inf")
+        # A word that repeats the one before it is held as an unsure one: tiny.en, given a window that
+        # ends inside a long word, hears it twice, and the next decode (forced through the first
+        # copy) agrees on the second; with more audio after it the model hears one word. A real
+        # repetition ("bye bye") has the audio for both and is final once its guard ends.
+        before = [self._committed[-1].key if self._committed else None, *keys]
         for i in range(n_agree):  # an unsure word needs more audio after it (misheard words are)
-            if new[i].probability < cfg.guard_prob and new[i].end > heard - cfg.guard_s:
+            unsure = new[i].probability < cfg.guard_prob or (cfg.hold_repeats and new[i].key == before[i])
+            if unsure and new[i].end > heard - cfg.guard_s:
                 n_agree = i
                 if cfg.guard_decode:  # (at least 50 ms on: a drifting word end cannot make every chunk decode)
                     self._guard_end = max(self._win_start + new[i].end + cfg.guard_s, self._heard + 0.05)
