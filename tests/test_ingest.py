@@ -79,7 +79,8 @@ def test_ingest_reads_opus_audio_at_its_capture_time():
     clock = SessionClock()
     tclock = clock.track("audio", AUDIO_CLOCK)
     sink = _Sink()
-    asyncio.run(read_audio(_Track(_opus_round_trip(pcm)), tclock, None, sink))  # type: ignore[arg-type]
+    receiver = object()  # as from an RTP receiver (one with no aiortc state to read)
+    asyncio.run(read_audio(_Track(_opus_round_trip(pcm)), tclock, receiver, sink))  # type: ignore[arg-type]
     pts0 = sink.chunks[0][0]
     audio = np.concatenate([s for _, s in sink.chunks])
     onset = pts0 + int(np.argmax(np.abs(audio) > 0.3)) / SAMPLE_RATE

@@ -96,7 +96,8 @@ async def read_audio(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCR
     try:
         while True:
             frame, t, _arrival = await _receive(track, tclock, receiver, sink)
-            t -= CODEC_DELAY_S.get(frame.sample_rate, 0.0)
+            if receiver is not None:  # decoded from RTP (in-process replays hand on raw PCM)
+                t -= CODEC_DELAY_S.get(frame.sample_rate, 0.0)
             out = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame)] or
                                  [np.zeros(0, np.float32)])
             expected = None if anchor is None else anchor + produced / SAMPLE_RATE
