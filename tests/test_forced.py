@@ -73,6 +73,31 @@ def test_streaming_bound_holds_and_times_hold(hts_speech, hts_raw):
         assert refine_word_times(altered, 0.0, hts_raw[:n], lookahead_s=look) == head, f"{n} words"
 
 
+def test_a_following_word_keeps_a_streamed_word_off_the_next_ones_start():
+    """Streamed a word at a time (after two context words), the look-ahead audio holds the next
+    word's start: with that word following in the text (as the recogniser's interim word), the
+    streamed word is not stretched over it, and the following word is not returned."""
+    from models.asr import transcribe_words
+
+    sp = festival.synthesize_festival("we need a new plan before the end of the month", "kal_diphone", lead_in_s=0.4)
+    audio = np.concatenate([sp.samples, np.zeros(SAMPLE_RATE // 2, np.float32)])
+    raw = transcribe_words(audio, refine=False)
+    alone, followed = [], []
+    for j in range(len(raw)):
+        ctx, nxt = min(j, 2), raw[j + 1 : j + 2]
+        alone.append(refine_word_times(audio, 0.0, raw[j - ctx : j + 1], lookahead_s=0.1, context=ctx)[-1])
+        out = refine_word_times(audio, 0.0, raw[j - ctx : j + 1] + nxt, lookahead_s=0.1, context=ctx,
+                                follow=len(nxt))
+        assert len(out) == ctx + 1
+        followed.append(out[-1])
+    e_alone, e_followed = _onset_errors_ms(alone, sp.words), _onset_errors_ms(followed, sp.words)
+    print(f"kal: alone mean {e_alone.mean():.0f} ms ±40 {np.mean(e_alone <= 40):.0%}; "
+          f"followed mean {e_followed.mean():.0f} ms ±40 {np.mean(e_followed <= 40):.0%}")
+    assert len(e_followed) >= 8
+    assert np.mean(e_followed <= 40) >= 0.85
+    assert e_followed.mean() < e_alone.mean()
+
+
 def test_alignment_is_the_same_whatever_came_before(hts_speech):
     """The decoder keeps state between utterances; each alignment starts from the same one."""
     words = SENTENCES[0].split()

@@ -107,6 +107,7 @@ class StreamingConfig:
     tail_s: float = 0.15  # audio kept after the VAD end when finalising
     lookahead_s: float = 0.1  # refinement may look this far past a word's estimated end (bounded)
     refine_context: int = 2  # final words of the utterance that lead the refinement's reference
+    refine_follow: int = 1  # interim words after the finals that close the forced alignment's text
     agreement: int = 2  # LocalAgreement-n
     min_commit_s: float = 0.3  # no finals before the utterance has this much audio (junk guard)
     right_context_s: float = 0.05  # a word becomes final only with this much audio after it
@@ -126,7 +127,7 @@ class StreamingConfig:
 
     def __post_init__(self) -> None:
         if (self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2 or self.context_s < 0
-                or self.refine_context < 0):
+                or self.refine_context < 0 or self.refine_follow < 0):
             raise ValueError(f"invalid streaming config {self}")
 
 
@@ -397,10 +398,14 @@ class StreamingASR:
             # finals come one or two at a time) matched any similar stretch of the audio.
             context = [t for t in self._refined[-self.config.refine_context :]
                        if t.start >= self._buf.start] if self.config.refine_context else []
+            # The next interim words follow them: the look-ahead audio often holds the next word's
+            # start, which a text ending at the last final word would stretch that word over.
+            follow = [WordToken(w.text, base + w.start, base + w.end, False, w.probability, self._utt, 0)
+                      for w in self._hyp[: self.config.refine_follow]]
             audio = self._buf.slice(self._buf.start, self._buf.end)
-            refined, self._voice = refine_with_evidence(audio, self._buf.start, context + toks,
+            refined, self._voice = refine_with_evidence(audio, self._buf.start, context + toks + follow,
                                                         lookahead_s=self.config.lookahead_s, context=len(context),
-                                                        voice=self._voice)
+                                                        voice=self._voice, follow=len(follow))
             refined = end_by_next_start(refined)
             toks = [replace(t, final=True) for t in refined[len(context) :]]
             self._refined = (self._refined + toks)[-max(self.config.refine_context, 1) :]
