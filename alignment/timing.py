@@ -26,6 +26,10 @@ of the words that need it. The synthesis DTW bounds each word at its own ``end +
 (its rows are real-audio frames and its recurrence is causal). A streaming recogniser emits finals
 one or two at a time, so `models.asr.StreamingASR` puts the utterance's last two final words before them
 (``context``, not aligned again): a one- or two-word text matches any similar stretch of audio.
+After them it puts its next interim word (``follow``, not returned): the look-ahead audio mostly
+holds that word's start, and a text that ended at the last final word made the forced alignment
+stretch that word over it (a short word like "a" came out on the next word's onset). The bound is
+then that following word's end + ``lookahead_s``: audio the recogniser has already heard.
 """
 
 from __future__ import annotations
@@ -238,7 +242,7 @@ def _frame_time(frame: float) -> float:
 
 def refine_word_times(
     audio: np.ndarray, audio_start_pts: float, words: Sequence[WordToken], lookahead_s: float | None = None,
-    context: int = 0, voice: VoiceEvidence | None = None,
+    context: int = 0, voice: VoiceEvidence | None = None, follow: int = 0,
 ) -> list[WordToken]:
     """Return ``words`` with start/end refined against the audio (see the module docstring).
 
@@ -247,23 +251,29 @@ def refine_word_times(
     estimated end + ``lookahead_s``. Words the alignment cannot place keep their estimates. The
     first ``context`` words (already timed) only lead the alignment: they are returned as given.
     ``voice``: what earlier speech of the same speaker said about its voice
-    (:func:`refine_with_evidence` returns it updated).
+    (:func:`refine_with_evidence` returns it updated). The last ``follow`` words are the words
+    heard next (a streaming recogniser's interim ones): forced alignment takes them after the
+    others, so the audio past the last refined word has a word to go to instead of stretching
+    that word over the next one's start; they are not returned.
     """
-    return refine_with_evidence(audio, audio_start_pts, words, lookahead_s, context, voice)[0]
+    return refine_with_evidence(audio, audio_start_pts, words, lookahead_s, context, voice, follow)[0]
 
 
 def refine_with_evidence(
     audio: np.ndarray, audio_start_pts: float, words: Sequence[WordToken], lookahead_s: float | None = None,
-    context: int = 0, voice: VoiceEvidence | None = None,
+    context: int = 0, voice: VoiceEvidence | None = None, follow: int = 0,
 ) -> tuple[list[WordToken], VoiceEvidence]:
     """:func:`refine_word_times`, and the voice evidence with these words' readings added: a
     stream passes it to its next call, so the choice of aligner rests on all the speech so far."""
     if lookahead_s is not None and not lookahead_s >= 0.0:
         raise ValueError(f"lookahead_s must be >= 0 (got {lookahead_s})")
+    if not 0 <= follow <= len(words):
+        raise ValueError(f"follow must be between 0 and the number of words (got {follow})")
     evidence = voice if voice is not None else VoiceEvidence()
     words = list(words)
-    if not words:
-        return [], evidence
+    n_main = len(words) - follow  # words[n_main:] only follow
+    if n_main <= context:
+        return list(words[:n_main]), evidence
     x = np.asarray(audio, dtype=np.float32)
     if x.ndim != 1:
         raise ValueError(f"audio must be 1-D mono samples, got shape {x.shape}")
@@ -276,13 +286,17 @@ def refine_with_evidence(
         # Synthesis first for every run, so the choice below rests on all of this call's speech
         # (none for a speaker already settled as unlike the references).
         for group in _groups(words, keep):
-            if group[-1] < context:
+            if group[-1] < context or group[0] >= n_main:
                 continue
-            wanted = [i >= context for i in group]
+            wanted = [context <= i < n_main for i in group]
+            main = [i for i in group if i < n_main]  # synthesis sees the refined words only
             by_voice: dict[str, list[tuple[float | None, float | None]]] = {}
             if evidence.candidates:
-                by_voice, evidence = _synthesis_group(x, audio_start_pts, [words[i] for i in group],
-                                                      tuple(texts[i] for i in group), lookahead_s, wanted, evidence)
+                by_voice, evidence = _synthesis_group(x, audio_start_pts, [words[i] for i in main],
+                                                      tuple(texts[i] for i in main), lookahead_s,
+                                                      wanted[: len(main)], evidence)
+                pad: list[tuple[float | None, float | None]] = [(None, None)] * (len(group) - len(main))
+                by_voice = {v: times + pad for v, times in by_voice.items()}
             runs.append((group, wanted, by_voice))
     mapped: dict[int, tuple[float | None, float | None]] = {}
     for group, wanted, by_voice in runs:
@@ -297,7 +311,7 @@ def refine_with_evidence(
 
     out: list[WordToken] = list(words[:context])
     last_start = max((w.start for w in out), default=-np.inf)
-    for i, w in enumerate(words[context:], start=context):
+    for i, w in enumerate(words[context:n_main], start=context):
         on, end = mapped.get(i, (None, None))
         start = w.start if on is None or abs(on - w.start) > MAX_SHIFT_S else on
         start = max(start, last_start)
@@ -414,9 +428,8 @@ def _forced_group(
     t0 = pts0 + lo / SAMPLE_RATE
     if lookahead_s is None:  # offline: the whole run
         n, hi = len(words), sample_at(max(w.end for w in words) + MARGIN_S)
-    else:  # streaming: the words up to the last wanted one, audio up to its bound
-        n = 1 + max(j for j, want in enumerate(wanted) if want)
-        hi = sample_at(words[n - 1].end + lookahead_s)
+    else:  # streaming: audio up to the last word's bound (a following word's, if any)
+        n, hi = len(words), sample_at(words[-1].end + lookahead_s)
     spans = aligner().align(x[lo:hi], [w.text for w in words[:n]]) if hi > lo else None
     if spans is not None:
         for j, span in enumerate(spans):

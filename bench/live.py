@@ -105,6 +105,7 @@ async def run_session(base: str, clip: testmedia.AVClip, settle_s: float = 4.0) 
     heard = sorted(((m["text"], float(m["start"])) for _, m in finals.values()), key=lambda x: x[1])
     return {
         "onset_ms": onset_errors_ms(clip, heard).tolist(),
+        "per_word": per_word_errors(clip, heard),
         "au_ms": au_ms, "au_rate": au_rate, "word_ms": word_ms,
         "words": " ".join(m["text"] for _, m in sorted(finals.values(), key=lambda x: x[1]["start"])),
         "frames_back": peer.frames_received,
@@ -121,6 +122,18 @@ def onset_errors_ms(clip: testmedia.AVClip, finals: list[tuple[str, float]]) -> 
     return np.array([1000 * (finals[b.b + i][1] - clip.words[b.a + i].start)
                      for b in difflib.SequenceMatcher(a=spoken, b=heard, autojunk=False).get_matching_blocks()
                      for i in range(b.size)])
+
+
+def per_word_errors(clip: testmedia.AVClip, finals: list[tuple[str, float]]) -> list[tuple[str, float | None]]:
+    """Each spoken word with its signed onset error (ms), None where no final word matched it:
+    which words miss, so two paths can be compared word by word on the same clip."""
+    spoken = [dictionary_form(w.text) for w in clip.words]
+    heard = [dictionary_form(t) for t, _ in finals]
+    err: list[float | None] = [None] * len(spoken)
+    for b in difflib.SequenceMatcher(a=spoken, b=heard, autojunk=False).get_matching_blocks():
+        for i in range(b.size):
+            err[b.a + i] = 1000 * (finals[b.b + i][1] - clip.words[b.a + i].start)
+    return list(zip(spoken, err, strict=True))
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -171,6 +184,8 @@ async def main() -> int:
               f"{r['frames_back']}; Level-3 ok {sum(s['ok'] for s in r['sync'])}/{len(r['sync'])}, "
               f"late captions {r['late']}/{len(r['word_ms'])}")
         print(f"  heard: {r['words']!r}")
+        print("  onset errors (ms): " + " ".join(f"{w}:{'-' if e is None else f'{e:+.0f}'}"
+                                                 for w, e in r["per_word"]))
     all_au = [x for r in results for x in r["au_ms"]]
     all_words = [x for r in results for x in r["word_ms"]]
     onsets = np.abs([x for r in results for x in r["onset_ms"]])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -456,6 +457,46 @@ def test_an_unsure_word_is_final_when_its_guard_ends(speech):
     assert 0 <= on_time <= 0.07, on_time  # never before its audio; then within a VAD window or two
     assert on_step > on_time + 0.05, (on_time, on_step)  # the step grid alone is later here
     assert released[True]["I"] == released[False]["I"]  # confident words: unchanged
+
+
+class _LongVowelEngine:
+    """A window cut inside a long word is heard as that word twice (the second copy squeezed in
+    at the audio's end); with the next word's audio in, the model hears one word. Not a model:
+    it isolates what the finalisation policy does with such a pair."""
+
+    name = "scripted"
+
+    def __init__(self, words: tuple[tuple[str, float, float], ...], split_until: float) -> None:
+        self.words, self.split_until = words, split_until
+
+    def transcribe(self, audio, prefix=(), prompt="", draft=(), expect_words=False):  # noqa: ANN001, ANN201
+        dur = len(audio) / SAMPLE_RATE
+        heard = [DecodedWord(raw, a, b, 0.95) for raw, a, b in self.words if b + 0.06 <= dur]
+        if heard and dur < self.split_until:  # the last heard word said again over the cut
+            heard.append(DecodedWord(heard[-1].raw.lower(), dur - 0.12, dur - 0.12, 0.95))
+        k = 0  # the forced prefix stands for the heard words it spells, and the rest follow it
+        while k < min(len(prefix), len(heard)) and agreement_key(prefix[k]) == heard[k].key:
+            k += 1
+        return [DecodedWord(w, 0.0, 0.0, 1.0) for w in prefix] + heard[k:]
+
+
+def _finals(engine: object, audio: np.ndarray, cfg: StreamingConfig) -> list[str]:
+    asr = StreamingASR(engine, cfg)  # type: ignore[arg-type]
+    events = [e for c in _chunks(audio) for e in asr.feed(c)] + asr.flush()
+    return [e.text for e in events if isinstance(e, WordToken) and e.final]
+
+
+def test_a_word_heard_twice_over_a_cut_is_final_once(speech):
+    """A repeat of the word before it waits for more audio, as an unsure word does: the cut that
+    split one long word is gone by then. A real repetition, heard with audio for both copies,
+    stays two words."""
+    cfg = StreamingConfig(refine=False, carry_s=0.0)
+    audio = speech.samples[: int(2.0 * SAMPLE_RATE)]
+    split = _LongVowelEngine(((" Side", 0.35, 0.75), (" left.", 0.85, 1.25)), split_until=1.2)
+    assert _finals(split, audio, replace(cfg, hold_repeats=False))[:3] == ["Side", "side", "left"]  # the bug
+    assert _finals(split, audio, cfg)[:2] == ["Side", "left"]
+    twice = _LongVowelEngine(((" Bye", 0.35, 0.6), (" bye.", 0.65, 0.95), (" Then", 1.05, 1.3)), split_until=0.0)
+    assert _finals(twice, audio, cfg)[:3] == ["Bye", "bye", "Then"]
 
 
 def _words(spec: str, start: float = 0.0, p: float = 0.9) -> list[DecodedWord]:

@@ -4,6 +4,10 @@ Each incoming track gets its clock (``alignment.clock``) fed from its receiver's
 (``app.live.webrtc``) and a jitter buffer that releases media without aiortc's extra wait
 (``app.live.jitter``). The two read loops then hand every decoded frame on with its session time:
 camera frames as they are, audio resampled to the ASR's 16 kHz mono with continuous pts.
+
+An audio frame's RTP timestamp stamps the first sample the sender's encoder was given, but an Opus
+decoder's output starts with the encoder's look-ahead (:data:`OPUS_LOOKAHEAD_S`): the decoded sound
+of a frame is that much later than its timestamp says, so audio is read that much earlier.
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ AUDIO_CLOCK = 48_000
 #: Largest camera frame a session keeps (1080p). The session holds ~2 s of decoded frames for
 #: rendering, so a peer sending absurd sizes would otherwise grow the whole server's memory.
 MAX_VIDEO_PIXELS = 1920 * 1088
+#: libopus's encoder look-ahead at 48 kHz (``OPUS_GET_LOOKAHEAD``: 2.5 ms of analysis plus 4 ms
+#: of delay compensation, 312 samples, in its VOIP and AUDIO modes, which browsers and aiortc use;
+#: the Ogg mapping calls it pre-skip). RTP carries no pre-skip, so a decoder emits it as a delay.
+OPUS_LOOKAHEAD_S = 312 / AUDIO_CLOCK
+#: Decoded sample rate -> the codec's delay to take off. aiortc decodes only Opus at 48 kHz (G.711
+#: at 8 kHz and G.722 at 16 kHz, whose few-sample filter delays are left alone).
+CODEC_DELAY_S = {AUDIO_CLOCK: OPUS_LOOKAHEAD_S}
 REANCHOR_S = 0.02  # audio pts further than this from the running sample count: a gap or clock step
 
 
@@ -85,6 +96,8 @@ async def read_audio(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCR
     try:
         while True:
             frame, t, _arrival = await _receive(track, tclock, receiver, sink)
+            if receiver is not None:  # decoded from RTP (in-process replays hand on raw PCM)
+                t -= CODEC_DELAY_S.get(frame.sample_rate, 0.0)
             out = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame)] or
                                  [np.zeros(0, np.float32)])
             expected = None if anchor is None else anchor + produced / SAMPLE_RATE

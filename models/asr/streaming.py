@@ -107,12 +107,14 @@ class StreamingConfig:
     tail_s: float = 0.15  # audio kept after the VAD end when finalising
     lookahead_s: float = 0.1  # refinement may look this far past a word's estimated end (bounded)
     refine_context: int = 2  # final words of the utterance that lead the refinement's reference
+    refine_follow: int = 1  # interim words after the finals that close the forced alignment's text
     agreement: int = 2  # LocalAgreement-n
     min_commit_s: float = 0.3  # no finals before the utterance has this much audio (junk guard)
     right_context_s: float = 0.05  # a word becomes final only with this much audio after it
     guard_prob: float = 0.5  # an agreed word below this probability ...
     guard_s: float = 0.5  # ... becomes final only with this much audio after it
     guard_decode: bool = True  # decode when a held word's guard ends, not on the next step after it
+    hold_repeats: bool = True  # a word repeating the one before it waits for its guard as an unsure one
     expect_after_s: float | None = 0.15  # a carried window with this much new speech must go on (None: off)
     end_min_prob: float = 0.2  # at an endpoint, trailing words below this are the model hearing silence
     max_window_s: float = MAX_WINDOW_S  # past this, re-base the window at a final word boundary
@@ -125,7 +127,7 @@ class StreamingConfig:
 
     def __post_init__(self) -> None:
         if (self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2 or self.context_s < 0
-                or self.refine_context < 0):
+                or self.refine_context < 0 or self.refine_follow < 0):
             raise ValueError(f"invalid streaming config {self}")
 
 
@@ -343,8 +345,14 @@ class StreamingASR:
         while n_agree and new[n_agree - 1].end > heard - cfg.right_context_s:
             n_agree -= 1
         self._guard_end = float("inf")
+        # A word that repeats the one before it is held as an unsure one: tiny.en, given a window that
+        # ends inside a long word, hears it twice, and the next decode (forced through the first
+        # copy) agrees on the second; with more audio after it the model hears one word. A real
+        # repetition ("bye bye") has the audio for both and is final once its guard ends.
+        before = [self._committed[-1].key if self._committed else None, *keys]
         for i in range(n_agree):  # an unsure word needs more audio after it (misheard words are)
-            if new[i].probability < cfg.guard_prob and new[i].end > heard - cfg.guard_s:
+            unsure = new[i].probability < cfg.guard_prob or (cfg.hold_repeats and new[i].key == before[i])
+            if unsure and new[i].end > heard - cfg.guard_s:
                 n_agree = i
                 if cfg.guard_decode:  # (at least 50 ms on: a drifting word end cannot make every chunk decode)
                     self._guard_end = max(self._win_start + new[i].end + cfg.guard_s, self._heard + 0.05)
@@ -390,10 +398,14 @@ class StreamingASR:
             # finals come one or two at a time) matched any similar stretch of the audio.
             context = [t for t in self._refined[-self.config.refine_context :]
                        if t.start >= self._buf.start] if self.config.refine_context else []
+            # The next interim words follow them: the look-ahead audio often holds the next word's
+            # start, which a text ending at the last final word would stretch that word over.
+            follow = [WordToken(w.text, base + w.start, base + w.end, False, w.probability, self._utt, 0)
+                      for w in self._hyp[: self.config.refine_follow]]
             audio = self._buf.slice(self._buf.start, self._buf.end)
-            refined, self._voice = refine_with_evidence(audio, self._buf.start, context + toks,
+            refined, self._voice = refine_with_evidence(audio, self._buf.start, context + toks + follow,
                                                         lookahead_s=self.config.lookahead_s, context=len(context),
-                                                        voice=self._voice)
+                                                        voice=self._voice, follow=len(follow))
             refined = end_by_next_start(refined)
             toks = [replace(t, final=True) for t in refined[len(context) :]]
             self._refined = (self._refined + toks)[-max(self.config.refine_context, 1) :]
