@@ -575,3 +575,20 @@ def test_streaming_on_real_speech_says_what_offline_says(whisper_model, clip):
     assert difflib.SequenceMatcher(a=ref, b=hyp, autojunk=False).ratio() >= 0.9, (ref, hyp)
     speech_end = offline[-1].end
     assert sum(at < speech_end for at, _ in finals) >= len(finals) // 2, [round(at, 2) for at, _ in finals]
+
+
+def test_interims_stop_before_words_the_dtw_put_at_one_instant():
+    """Text the word DTW finds no audio for lands at one instant with no duration (tiny.en saying a
+    carried sentence again); shown, it flashed a whole sentence on one frame. One short word alone
+    is not that, and the words before such a run are still shown."""
+    from models.asr.streaming import _audible_prefix
+
+    def w(raw: str, a: float, b: float) -> DecodedWord:
+        return DecodedWord(raw, a, b, 0.9)
+
+    seen = [w(" please", 0.0, 0.3), w(" call", 0.31, 0.31), w(" me", 0.31, 0.31), w(" back", 0.31, 0.31),
+            w(" please", 0.4, 0.7)]
+    assert _audible_prefix(seen) == 1
+    assert _audible_prefix([w(" a", 0.2, 0.2), w(" cat", 0.2, 0.5)]) == 2  # one zero-length word
+    assert _audible_prefix([w(" a", 0.2, 0.2), w(" b", 0.3, 0.3)]) == 2  # two, at different instants
+    assert _audible_prefix([]) == 0

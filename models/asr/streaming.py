@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -363,7 +364,7 @@ class StreamingASR:
         self._hyp_history.append([w.key for w in self._hyp])
         events = self._emit_finals(finals)
         base = self._win_start
-        for i, w in enumerate(self._hyp):
+        for i, w in enumerate(self._hyp[: _audible_prefix(self._hyp)]):
             events.append(WordToken(w.text, base + w.start, base + w.end, False, w.probability,
                                     self._utt, self._n_final + i))
         return events
@@ -483,6 +484,21 @@ class StreamingASR:
         if audio.size == 0:
             return None
         return audio, [replace(w, start=w.start - a, end=min(w.end - a, b - a)) for w in words]
+
+
+_INSTANT_S = 1e-3  # a word shorter than this, or that close to another's start, is at one instant
+
+
+def _audible_prefix(words: Sequence[DecodedWord]) -> int:
+    """How many of ``words`` to show as interims: those before the first two that the word DTW put
+    at one instant with no duration. The DTW does that to text it finds no audio for (tiny.en, forced
+    through a carried sentence, now and then says it again), and shown, a whole sentence would flash
+    on one frame; the next decodes hear what follows."""
+    for i in range(len(words) - 1):
+        a, b = words[i], words[i + 1]
+        if a.end - a.start < _INSTANT_S and b.end - b.start < _INSTANT_S and abs(b.start - a.start) < _INSTANT_S:
+            return i
+    return len(words)
 
 
 def _heard_words(final: list[DecodedWord], pending: list[DecodedWord], speech_end: float,
