@@ -37,6 +37,11 @@ try:
     import cv2 as _cv2  # ships with mediapipe
 except ImportError:  # pragma: no cover - the conversion falls back to libswscale
     _cv2 = None
+else:
+    # OpenCV splits each conversion over a pool of its own threads, which wait busy for the next
+    # one: on a server that converts many small frames for many sessions that costs more CPU than
+    # the conversions. One thread each (process-wide), as for the VP8 encoder.
+    _cv2.setNumThreads(1)
 
 VIDEO_CLOCK = 90_000  # RTP clock rate of video
 #: The returned video's frames are drawn here, apart from the default executor where aiortc encodes
