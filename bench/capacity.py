@@ -107,7 +107,6 @@ def component_costs(seconds: float = 8.0) -> dict[str, float]:
     less sensitive to a shared machine than a live round, where a starved server does less work."""
     from fractions import Fraction
 
-    import av
     from aiortc.codecs.vpx import Vp8Encoder
 
     from alignment.types import VideoFrame
@@ -139,15 +138,64 @@ def component_costs(seconds: float = 8.0) -> dict[str, float]:
             f.pts, f.time_base = i * 5625, Fraction(1, 90_000)
             encoder.encode(f)
         out[label] = 1000 * (process_cpu_s() - c0) / seconds
-    rgb = frames[: int(seconds * 16)]
-    for label, convert in (("RGB -> yuv420p, libswscale (before)",
-                            lambda img: av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")),
-                           ("RGB -> yuv420p, OpenCV (now)", to_yuv420p)):
+    out.update(_conversion_costs(frames[: int(seconds * 16)], video, seconds))
+    out.update(_child_scan_costs(seconds))
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def _conversion_costs(rgb: list[Any], video: list[Any], seconds: float) -> dict[str, float]:
+    """The returned frames' RGB -> yuv420p and the camera frames' yuv420p -> RGB, before and now."""
+    import av
+    import cv2
+
+    from app.live.convert import rgb as camera_rgb
+    from app.live.cpu_account import process_cpu_s
+    from app.live.output import to_yuv420p
+
+    out: dict[str, float] = {}
+    threads = cv2.getNumThreads()  # one since app.live.output was imported
+    for label, convert, pool in (("RGB -> yuv420p, libswscale (before)",
+                                  lambda img: av.VideoFrame.from_ndarray(img, format="rgb24").reformat(
+                                      format="yuv420p"), threads),
+                                 ("RGB -> yuv420p, OpenCV pool (before)", to_yuv420p, os.cpu_count() or 1),
+                                 ("RGB -> yuv420p, OpenCV 1 thread (now)", to_yuv420p, threads)):
+        cv2.setNumThreads(pool)
         c0 = process_cpu_s()
         for img in rgb:
             convert(img)
         out[label] = 1000 * (process_cpu_s() - c0) / seconds
-    return {k: round(v, 1) for k, v in out.items()}
+    cv2.setNumThreads(threads)
+    # yuv420p frames as decoded camera frames arrive: each converted once (AU) and once (render)
+    for label, convert in (("camera -> RGB x2, converter per frame (before)",
+                            lambda f: (f.to_ndarray(format="rgb24"), f.to_ndarray(format="rgb24", width=640,
+                                                                                  height=360))),
+                           ("camera -> RGB x2, converter per thread (now)",
+                            lambda f: (camera_rgb(f), camera_rgb(f, (640, 360))))):
+        fresh = [av.VideoFrame.from_ndarray(f.to_ndarray(), format="yuv420p") for f in video]
+        c0 = process_cpu_s()
+        for f in fresh:
+            convert(f)
+        del fresh  # the event loop drops each frame: its converter goes with it
+        out[label] = 1000 * (process_cpu_s() - c0) / seconds
+    return out
+
+
+def _child_scan_costs(seconds: float) -> dict[str, float]:
+    """The capacity measurement's look for ASR lane processes, before and now."""
+    from app.live import cpu_account
+
+    out: dict[str, float] = {}
+    rescan = cpu_account.CHILDREN_RESCAN_S
+    for label, every in (("capacity: child-process scan each call (before)", 0.0),
+                         ("capacity: child processes rescanned every 10 s (now)", rescan)):
+        cpu_account.CHILDREN_RESCAN_S = every
+        c0 = cpu_account.process_cpu_s()
+        for _ in range(int(seconds)):  # the server measures once a second: two reads of the children
+            cpu_account.process_cpu_s()
+            cpu_account.process_cpu_s()
+        out[label] = 1000 * (cpu_account.process_cpu_s() - c0) / seconds
+    cpu_account.CHILDREN_RESCAN_S = rescan
+    return out
 
 
 def baseline_tree(ref: str, into: Path) -> Path:
@@ -169,13 +217,13 @@ def main() -> int:
     p.add_argument("--target", type=float, default=SERVER_TARGET_CORES, help="server cores per peer")
     p.add_argument("--out", default="capacity-out")
     p.add_argument("--components", action="store_true", help="only the per-stage before/after figures on CPU "
-                   "clocks (face analysis rate, VP8 encoder settings, the returned frames' colour conversion), "
-                   "no server")
+                   "clocks (face analysis rate, VP8 encoder settings, the colour conversions of the camera and the "
+                   "returned frames), no server")
     args = p.parse_args()
     if args.components:
         print(f"load avg {[round(x, 2) for x in os.getloadavg()]}")
         for label, ms in component_costs().items():
-            print(f"{label:<40}{ms:>8.1f} CPU-ms per s of media")
+            print(f"{label:<54}{ms:>8.1f} CPU-ms per s of media")
         print(f"load avg {[round(x, 2) for x in os.getloadavg()]}")
         return 0
     out_dir = Path(args.out)

@@ -107,6 +107,29 @@ def test_lean_encoder_encodes_decodable_vp8_cheaper():
     assert cost["LeanVp8Encoder"] < cost["Vp8Encoder"]
 
 
+def test_camera_conversion_with_a_converter_per_thread_gives_the_same_pixels_from_two_threads_at_once():
+    import av
+
+    from app.live.convert import rgb
+
+    rng = np.random.default_rng(0)
+    frames = [av.VideoFrame.from_ndarray(rng.integers(0, 256, (360, 640, 3), np.uint8), format="rgb24")
+              .reformat(format="yuv420p") for _ in range(3)]
+    got: dict[str, list[np.ndarray]] = {}
+
+    def convert(name: str, size: tuple[int, int] | None) -> None:
+        got[name] = [rgb(f, size) for f in frames for _ in range(20)]
+
+    threads = [threading.Thread(target=convert, args=(n, s)) for n, s in (("full", None), ("half", (320, 180)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, f in enumerate(frames):
+        assert np.array_equal(got["full"][20 * i], f.to_ndarray(format="rgb24"))
+        assert np.array_equal(got["half"][20 * i], f.to_ndarray(format="rgb24", width=320, height=180))
+
+
 def test_pre_encoded_opus_loop_carries_clip_frame_k_in_packet_k():
     from aiortc.codecs.opus import OpusDecoder
     from aiortc.jitterbuffer import JitterFrame

@@ -39,6 +39,23 @@ def test_clicks_found_to_the_sample_and_not_in_speech(speech):
     assert ev.detect_clicks(speech.samples) == [], "speech alone must not look like a marker"
 
 
+def test_quiet_audio_skips_the_click_filter_only_where_no_lag_could_reach_the_threshold():
+    """The skip rests on amplitude <= 2 * sqrt(window energy / n); a burst just loud enough is still found."""
+    rng = np.random.default_rng(3)
+    n = ev._CLICK_N
+    for scale in (0.001, 0.02, 0.3):
+        x = rng.standard_normal(4000) * scale
+        x[1000:1000 + n] += scale * np.sin(2 * np.pi * ev.CLICK_HZ * np.arange(n) / SAMPLE_RATE)
+        energy = ev._window_energy(x)
+        amplitude, _ = ev._click_scan(x, energy)
+        assert np.all(amplitude <= 2 * np.sqrt(energy / n) * (1 + 1e-9) + 1e-12)
+    quiet = np.zeros(4000)
+    quiet[2000:2000 + n] = 0.06 * np.sin(2 * np.pi * ev.CLICK_HZ * np.arange(n) / SAMPLE_RATE)
+    found = ev.detect_clicks(quiet)
+    assert len(found) == 1 and abs(found[0] * SAMPLE_RATE - 2000) <= 1
+    assert ev.detect_clicks(quiet * 0.5) == []
+
+
 @pytest.mark.parametrize("fps", [25.0, 30.0])
 def test_flash_phase_gives_subframe_onsets(fps):
     rng = np.random.default_rng(int(fps))

@@ -19,6 +19,7 @@ import av
 
 from alignment.clock import SessionClock
 from alignment.types import AUSample, LoadEstimate, TokenRatePolicy, VideoFrame
+from app.live.convert import rgb
 from app.live.cpu_account import name_native_thread
 from app.live.degrade import Degradation
 from app.live.events import AUEvent, LoadEvent
@@ -68,14 +69,10 @@ class FaceAnalysis:
     """One session's AU worker thread and the AU / load history it produced."""
 
     def __init__(self, host: StageHost, config: SessionConfig, stages: Stages, clock: SessionClock,
-                 observer: SessionObserver, degradation: Degradation | None,
-                 convert_lock: threading.Lock) -> None:
-        """``convert_lock``: one camera frame can be converted here and in the render thread at once;
-        libswscale state is per frame, and concurrent use of it crashed the process (SIGSEGV)."""
+                 observer: SessionObserver, degradation: Degradation | None) -> None:
         self.host, self.config, self.clock = host, config, clock
         self.observer, self.degradation = observer, degradation
         self._stages = stages
-        self._convert_lock = convert_lock
         self.au: deque[AUSample] = deque(maxlen=128)
         self.load: deque[LoadEstimate] = deque(maxlen=128)
         self._slot: tuple[float, av.VideoFrame, float] | None = None
@@ -195,9 +192,7 @@ class FaceAnalysis:
                 continue
             try:
                 c0 = time.monotonic()
-                with self._convert_lock:
-                    image = frame.to_ndarray(format="rgb24")
-                obs = faces.extract_full(VideoFrame(t, image))
+                obs = faces.extract_full(VideoFrame(t, rgb(frame)))
                 sample, mouth = obs.au, (obs.mouth_open if obs.face else None)
                 compute = time.monotonic() - c0
             except Exception as exc:  # noqa: BLE001

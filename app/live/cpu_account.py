@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from app.live.stages import Stage
 
@@ -66,17 +67,48 @@ def stage_of(python_name: str | None, comm: str) -> Stage:
     return Stage.OTHER
 
 
+#: How often the list of child processes is rebuilt. Finding them reads every process's
+#: ``/proc/<pid>/stat`` on the machine; reading the known ones is one file each.
+CHILDREN_RESCAN_S = 10.0
+
+
+class _ChildProcesses:
+    """This process's child processes, found again at most every ``CHILDREN_RESCAN_S`` (or once
+    one of them has ended)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._scanned = -math.inf
+        self._procs: list[Any] = []  # psutil.Process
+
+    def get(self) -> list[Any]:
+        import psutil
+
+        with self._lock:
+            now = time.monotonic()
+            if now - self._scanned >= CHILDREN_RESCAN_S:
+                try:
+                    self._procs = psutil.Process().children(recursive=True)
+                except psutil.Error:
+                    self._procs = []
+                self._scanned = now
+            return list(self._procs)
+
+    def ended(self) -> None:
+        self._scanned = -math.inf
+
+
+_KIDS = _ChildProcesses()
+
+
 def _children() -> list[tuple[int, str, float]]:
     """(pid, comm, user+system seconds) of this process's ASR lane processes (children named ``asr-lane``;
-    others, such as a test's own load generators, are not the server's)."""
+    others, such as a test's own load generators, are not the server's). A child started since the
+    last scan counts from the next one, with all its CPU so far."""
     import psutil
 
     out = []
-    try:
-        kids = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return out
-    for kid in kids:
+    for kid in _KIDS.get():
         try:
             with kid.oneshot():
                 name = kid.name()
@@ -84,7 +116,7 @@ def _children() -> list[tuple[int, str, float]]:
                     t = kid.cpu_times()
                     out.append((kid.pid, name, t.user + t.system))
         except psutil.Error:
-            continue
+            _KIDS.ended()
     return out
 
 

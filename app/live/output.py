@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -26,6 +25,7 @@ from alignment.clock import SessionClock
 from alignment.frames import FPS, TokenFrames, frame_pts
 from alignment.types import WordToken
 from app.live.au import FaceAnalysis
+from app.live.convert import rgb
 from app.live.degrade import Degradation
 from app.live.observe import Drop, SessionObserver
 from app.live.reliability import lower_thread_priority
@@ -37,6 +37,11 @@ try:
     import cv2 as _cv2  # ships with mediapipe
 except ImportError:  # pragma: no cover - the conversion falls back to libswscale
     _cv2 = None
+else:
+    # OpenCV splits each conversion over a pool of its own threads, which wait busy for the next
+    # one: on a server that converts many small frames for many sessions that costs more CPU than
+    # the conversions. One thread each (process-wide), as for the VP8 encoder.
+    _cv2.setNumThreads(1)
 
 VIDEO_CLOCK = 90_000  # RTP clock rate of video
 #: The returned video's frames are drawn here, apart from the default executor where aiortc encodes
@@ -99,10 +104,10 @@ class FrameComposer:
 
     def __init__(self, host: StageHost, config: SessionConfig, stages: Stages, camera: CameraFrames,
                  words: Transcript, faces: FaceAnalysis, sync: Callable[[], SyncStage | None],
-                 degradation: Degradation | None, convert_lock: threading.Lock) -> None:
+                 degradation: Degradation | None) -> None:
         self.host, self.config, self.stages = host, config, stages
         self.camera, self.words, self.faces, self._sync = camera, words, faces, sync
-        self.degradation, self._convert_lock = degradation, convert_lock
+        self.degradation = degradation
         self._fallback: np.ndarray | None = None
 
     def output_size(self) -> tuple[int, int]:
@@ -123,10 +128,7 @@ class FrameComposer:
         sync_ok, size = (sync.last_ok if sync is not None else None), self.output_size()
 
         def build() -> RenderRequest:
-            camera = None
-            if best is not None:
-                with self._convert_lock:
-                    camera = best.to_ndarray(format="rgb24", width=size[0], height=size[1])
+            camera = rgb(best, size) if best is not None else None
             return RenderRequest(index=k, pts=t, camera=camera, caption=caption, new_words=new_words, au=au,
                                  load=load, sync_ok=sync_ok, size=size)
 

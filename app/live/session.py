@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
 
@@ -84,16 +83,15 @@ class Session:
         self.counts: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
-        convert_lock = threading.Lock()  # one camera frame, converted by the AU and the render thread
         self.camera = CameraFrames()
-        self.faces = FaceAnalysis(self, config, stages, self.clock, self.observer, degradation, convert_lock)
+        self.faces = FaceAnalysis(self, config, stages, self.clock, self.observer, degradation)
         self.words = Transcript(self)
         self.feed = OffsetFeed(self, None)
         self.sync: SyncStage | None = None
         self.responses: Responses | None = None
         self._lst: LSTMeter | None = None
         composer = FrameComposer(self, config, stages, self.camera, self.words, self.faces,
-                                 lambda: self.sync, degradation, convert_lock)
+                                 lambda: self.sync, degradation)
         self.output = OutputTrack(self.clock, config.output_delay_s, composer, self.observer)
         self.faces.on_visual = self.feed.visual
         self.faces.on_policy = self._set_policy
