@@ -51,15 +51,20 @@ class RowInt8Linear(torch.nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A decode makes thousands of these calls with a row or a few: each op here is mostly call
+        # overhead, so the per-row scale 127 / max|x| is made in place (the same float ops as
+        # ``127.0 / t``, which torch computes as ``t.reciprocal() * 127.0``) and 2-D input is not reshaped.
         shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        inv = 127.0 / x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)  # per-row scale
+        flat = x.dim() == 2
+        if not flat:
+            x = x.reshape(-1, shape[-1])
+        inv = x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).reciprocal_().mul_(127.0)  # per-row scale
         q = (x * inv).round_().to(torch.int8)
         y = torch._int_mm(q, self.weight.t()).float()  # exact int32 sums
         y.mul_(self.weight_scale).div_(inv)
         if self.bias is not None:
             y.add_(self.bias)
-        return y.reshape(*shape[:-1], self.out_features)
+        return y if flat else y.reshape(*shape[:-1], self.out_features)
 
 def _dynamic_int8(linear: torch.nn.Linear) -> torch.nn.Module:
     plain = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
