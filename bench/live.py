@@ -186,6 +186,7 @@ async def main() -> int:
         print(f"  heard: {r['words']!r}")
         print("  onset errors (ms): " + " ".join(f"{w}:{'-' if e is None else f'{e:+.0f}'}"
                                                  for w, e in r["per_word"]))
+        print("  word end → final (ms): " + " ".join(f"{x:.0f}" for x in r["word_ms"]))  # to pool runs
     all_au = [x for r in results for x in r["au_ms"]]
     all_words = [x for r in results for x in r["word_ms"]]
     onsets = np.abs([x for r in results for x in r["onset_ms"]])
