@@ -87,7 +87,9 @@ def single_phase(per_node: int, duration_s: float, out: dict[str, Any]) -> bool:
     on this machine's cores as the two-node cluster; reported)."""
     rounds = {}
     with tempfile.TemporaryDirectory() as tmp:
-        server = SpawnedServer(2 * per_node, Path(tmp) / "server.log")
+        # Every peer admitted: the 2 × per-node round is a reference, and a measured admission
+        # that has seen no session yet would refuse its second peer.
+        server = SpawnedServer(2 * per_node, Path(tmp) / "server.log", extra=["--admission", "fixed"])
         try:
             server.wait_ready()
             for n in (per_node, 2 * per_node):
