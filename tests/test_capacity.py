@@ -130,6 +130,35 @@ def test_camera_conversion_with_a_converter_per_thread_gives_the_same_pixels_fro
         assert np.array_equal(got["half"][20 * i], f.to_ndarray(format="rgb24", width=320, height=180))
 
 
+@pytest.mark.timeout(60)  # the failure this guards against is a hang
+def test_a_child_forked_after_a_thread_converted_a_frame_starts():
+    """A fork clears the other threads' locals, so the child frees their converters; with libswscale
+    slice threads that waited forever for threads the child does not have (the suite hung in Ray's
+    first subprocess). Each converter now converts on its own thread."""
+    import subprocess
+
+    import av
+
+    from app.live.convert import rgb
+
+    frame = av.VideoFrame.from_ndarray(np.zeros((360, 640, 3), np.uint8), format="rgb24").reformat(format="yuv420p")
+    converted, stop = threading.Event(), threading.Event()
+
+    def convert_then_wait() -> None:
+        rgb(frame)
+        converted.set()
+        stop.wait(30)
+
+    t = threading.Thread(target=convert_then_wait, daemon=True)
+    t.start()
+    assert converted.wait(10)
+    try:
+        child = subprocess.Popen(["true"], preexec_fn=lambda: None)  # noqa: PLW1509 - the fork under test
+        assert child.wait(timeout=10) == 0
+    finally:
+        stop.set()
+
+
 def test_pre_encoded_opus_loop_carries_clip_frame_k_in_packet_k():
     from aiortc.codecs.opus import OpusDecoder
     from aiortc.jitterbuffer import JitterFrame

@@ -5,6 +5,9 @@ frame builds a libswscale context (most of the conversion's cost) and frees it a
 is dropped, on the event loop. A converter kept per thread is built once and reused for every
 frame of that size; it gives the same pixels. Per thread, not per frame, also means two threads
 never share one: the face analysis and the render thread convert the same frame at once safely.
+Each converts on its own thread (``threads=1``): libswscale's own slice threads cost more than they
+save on frames this small, and a context that has them hangs any child forked from the server (a
+fork clears the other threads' locals, and freeing their contexts waits for threads that are gone).
 """
 
 from __future__ import annotations
@@ -28,4 +31,4 @@ def _reformatter() -> VideoReformatter:
 def rgb(frame: av.VideoFrame, size: tuple[int, int] | None = None) -> np.ndarray:
     """``frame`` as an (h, w, 3) uint8 RGB array, scaled to ``size`` (w, h) when given."""
     width, height = size if size is not None else (None, None)
-    return _reformatter().reformat(frame, width=width, height=height, format="rgb24").to_ndarray()
+    return _reformatter().reformat(frame, width=width, height=height, format="rgb24", threads=1).to_ndarray()
