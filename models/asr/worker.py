@@ -296,7 +296,7 @@ def _each(lanes: list[ProcessLane], call: Callable[[ProcessLane], None]) -> None
 
 
 class ProcessLane:
-    """A decode lane in a child process (spawned: the server's threads must not be forked); the
+    """A decode lane in a child process (from the fork server: the server's threads must not be forked); the
     parent's lane thread sends it one stream's turn and blocks, without the lock, for the events.
     A child that dies (killed, out of memory) is started again: the turn it was running fails (that
     stream is closed), and the streams pinned to it start over with fresh recogniser state."""
