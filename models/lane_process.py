@@ -14,12 +14,14 @@ from typing import Any
 LANE_PRELOAD = "models.asr.lane_preload"
 
 
-def spawn_lane(target: Callable[..., None], name: str, *args: Any) -> tuple[Connection, BaseProcess]:
+def spawn_lane(target: Callable[..., None], name: str, *args: Any,
+               default_model: bool = True) -> tuple[Connection, BaseProcess]:
     """A child running ``target(pipe, *args)``, forked from multiprocessing's fork server (a fresh
-    process, not the server: its threads must not be forked) after :data:`LANE_PRELOAD`; a daemon,
-    so it never outlives the server."""
+    process, not the server: its threads must not be forked); a daemon, so it never outlives the
+    server. ``default_model``: the lanes run the default Whisper, so the fork server loads it first
+    (:data:`LANE_PRELOAD`); lanes given another checkpoint load their own, and it would be waste."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([LANE_PRELOAD])  # read when the fork server starts (the first lane)
+    ctx.set_forkserver_preload([LANE_PRELOAD] if default_model else [])  # read when it starts (the first lane)
     conn, child = ctx.Pipe()
     proc = ctx.Process(target=target, args=(child, *args), name=name, daemon=True)
     proc.start()

@@ -24,7 +24,7 @@ def start_lanes(n: int, whisper_path: str | None) -> None:
     Returns at once: the first fork waits for the fork server to load the model, on a thread."""
     def run() -> None:
         for i in range(n):
-            conn, proc = spawn_lane(_default_lane, f"asr-lane-{i}", whisper_path)
+            conn, proc = spawn_lane(_default_lane, f"asr-lane-{i}", whisper_path, default_model=whisper_path is None)
             with _lock:
                 _started.append((whisper_path, conn, proc))
 

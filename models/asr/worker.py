@@ -313,7 +313,8 @@ class ProcessLane:
 
     def _start(self, started: tuple[Connection, BaseProcess] | None = None) -> None:
         """Adopt ``started`` (a child running :func:`lane_main` with these settings), else spawn one."""
-        self._conn, self.proc = started or spawn_lane(lane_main, self._name, *self._args)
+        self._conn, self.proc = started or spawn_lane(lane_main, self._name, *self._args,
+                                                      default_model=self._args[0] is None)
         self._ready = False
 
     def _call(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
