@@ -94,7 +94,7 @@ def _cluster(args: argparse.Namespace) -> int:
     config = RegistryConfig(server=_server_config(args, ui=False), node_host=args.node_host)
     try:
         serve_cluster(args.host, args.port, config, ray_address=args.ray_address, local_nodes=args.local_nodes,
-                      node_cpus=args.node_cpus)
+                      node_cpus=args.node_cpus, pin_nodes=args.pin_nodes)
     except NoRayCluster as exc:
         print(f"synchrony cluster: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -204,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-nodes", type=int, default=0,
                    help="instead, start a Ray cluster of this many nodes on this machine (tests, demos)")
     p.add_argument("--node-cpus", type=int, default=1, help="CPUs each --local-nodes node declares to Ray")
+    p.add_argument("--pin-nodes", action="store_true",
+                   help="run each --local-nodes node on --node-cpus cores of its own, as separate machines")
     p.add_argument("--node-host", default=None,
                    help="address every node's server binds and offers ICE candidates on (default: the "
                    "node's $SYNCHRONY_NODE_HOST, else its Ray address)")

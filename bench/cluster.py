@@ -15,12 +15,15 @@ Phases (each prints its figures and PASS/FAIL; exit 1 on any FAIL):
     end (ICE consent: about 30–45 s); the other node's peers keep the bounds; then ``--per-node`` new
     peers all land on the node that is left.
 
-On one machine every node, the ingress and the peers share the same cores: two nodes with one
-session each load the cores like one server with two. So the cluster phases are compared with the
-single server at the same per-node load, and the load average is printed with every phase.
+Each node runs on a core of its own (CPU affinity, ``synchrony cluster --pin-nodes``), as on
+separate machines, and so does the single server of the reference; the ingress, Ray's own processes
+and the peers float over all cores, as they would not on real machines. ``--share-cores`` runs the
+nodes on all cores instead: then two nodes with one session each load the cores like one server
+with two, and the single server also runs twice the peers (reported, not judged). The load average
+is printed with every phase.
 
 Usage: .venv/bin/python bench/cluster.py [--per-node 1] [--duration 20] [--removal-duration 60]
-       [--remove-at 12] [--json F]
+       [--remove-at 12] [--share-cores] [--json F]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.cluster.local import node_cores  # noqa: E402
 from app.cluster.placement import LOST, READY  # noqa: E402
 from app.loadtest.config import RoundConfig, plan_peers  # noqa: E402
 from app.loadtest.rounds import run_round  # noqa: E402
@@ -82,17 +86,18 @@ def verdict(name: str, ok: bool, detail: str) -> bool:
     return ok
 
 
-def single_phase(per_node: int, duration_s: float, out: dict[str, Any]) -> bool:
-    """One server: ``per_node`` peers (the same per-node load; judged), then twice that (the same load
-    on this machine's cores as the two-node cluster; reported)."""
+def single_phase(per_node: int, duration_s: float, cores: set[int] | None, out: dict[str, Any]) -> bool:
+    """One server: ``per_node`` peers (the same per-node load; judged); on ``cores`` (one node's), or
+    on all cores and then twice the peers (the same load on this machine's cores as the two-node
+    cluster; reported)."""
     rounds = {}
     with tempfile.TemporaryDirectory() as tmp:
         # Every peer admitted: the 2 × per-node round is a reference, and a measured admission
         # that has seen no session yet would refuse its second peer.
-        server = SpawnedServer(2 * per_node, Path(tmp) / "server.log", extra=["--admission", "fixed"])
+        server = SpawnedServer(2 * per_node, Path(tmp) / "server.log", extra=["--admission", "fixed"], cores=cores)
         try:
             server.wait_ready()
-            for n in (per_node, 2 * per_node):
+            for n in (per_node,) if cores else (per_node, 2 * per_node):
                 print(f"single server: {n} peer(s), {duration_s:.0f} s", flush=True)
                 rounds[n] = run_peers(server.url, n, duration_s, seed=n)
                 time.sleep(2.0)  # let the server tear the sessions down
@@ -123,7 +128,7 @@ async def cluster_phases(args: argparse.Namespace, out: dict[str, Any]) -> bool:
     from app.cluster.registry import NAMESPACE, RegistryConfig
     from app.live.server import ServerConfig, running_server
 
-    cluster = start_local_cluster(2, 1)
+    cluster = start_local_cluster(2, 1, pin=not args.share_cores)
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
     config = RegistryConfig(server=ServerConfig(ui=False, max_sessions=args.per_node), node_host="127.0.0.1")
     ok = True
@@ -220,11 +225,15 @@ def main() -> int:
     p.add_argument("--removal-duration", type=float, default=60.0)
     p.add_argument("--remove-at", type=float, default=12.0)
     p.add_argument("--skip-single", action="store_true", help="only the cluster phases")
+    p.add_argument("--share-cores", action="store_true", help="nodes on all cores, not one core each")
     p.add_argument("--json", default=None, help="write every figure here")
     args = p.parse_args()
+    cores = None if args.share_cores else node_cores(2, 1)
+    if not args.share_cores and cores is None:
+        p.error("pinning two nodes needs two cores; pass --share-cores")
     out: dict[str, Any] = {"args": vars(args), "cpus": os.cpu_count(), "load_avg_start": _load()}
     print(f"bench/cluster.py {' '.join(sys.argv[1:])}  (cpus {os.cpu_count()}, load {_load()})", flush=True)
-    ok = True if args.skip_single else single_phase(args.per_node, args.duration, out)
+    ok = True if args.skip_single else single_phase(args.per_node, args.duration, cores and cores[0], out)
     ok &= asyncio.run(cluster_phases(args, out))
     out["ok"] = ok
     if args.json:

@@ -49,6 +49,36 @@ def test_placement_prefers_the_most_free_room_and_skips_full_or_unready_nodes():
     assert node_capacity({"max_sessions": 8}) == 8
 
 
+def test_pinned_local_nodes_get_disjoint_cores_and_their_children_follow():
+    """``--pin-nodes``: each node's processes (and what they started) on cores of their own."""
+    import os
+    import subprocess
+    import sys
+
+    from app.cluster.local import node_cores, pin_processes
+
+    cores = sorted(os.sched_getaffinity(0))
+    assert node_cores(len(cores) + 1, 1) is None  # not enough cores: no pinning
+    split = node_cores(len(cores), 1)
+    assert split is not None and all(len(c) == 1 for c in split) and set().union(*split) == set(cores)
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen("
+                               "[sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"])
+    try:
+        import psutil
+
+        deadline = time.monotonic() + 10
+        while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pin_processes([parent.pid], split[-1])
+        procs = [psutil.Process(parent.pid), *psutil.Process(parent.pid).children(recursive=True)]
+        assert len(procs) == 2 and all(set(p.cpu_affinity()) == split[-1] for p in procs)
+    finally:
+        for p in psutil.Process(parent.pid).children(recursive=True):
+            p.kill()
+        parent.kill()
+        parent.wait()
+
+
 async def test_bad_input_through_the_ingress_gets_the_single_servers_answers(ray_cluster):
     """Every refusal a single server gives, the ingress gives too (status, text, headers), before any
     node is ready; and a good offer while no node is ready is a 503 with Retry-After."""

@@ -256,7 +256,7 @@ class NoRayCluster(RuntimeError):
 
 
 def serve_cluster(host: str, port: int, config: RegistryConfig, ray_address: str | None = None,
-                  local_nodes: int = 0, node_cpus: int = 1) -> None:
+                  local_nodes: int = 0, node_cpus: int = 1, pin_nodes: bool = False) -> None:
     """Run the ingress until interrupted (blocking): on a running Ray cluster, or on a local one it starts."""
     import ray
     import uvicorn
@@ -266,7 +266,7 @@ def serve_cluster(host: str, port: int, config: RegistryConfig, ray_address: str
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
-    cluster = start_local_cluster(local_nodes, node_cpus) if local_nodes else None
+    cluster = start_local_cluster(local_nodes, node_cpus, pin_nodes) if local_nodes else None
     try:
         ray.init(address=cluster.address if cluster is not None else ray_address, namespace=NAMESPACE,
                  log_to_driver=False)

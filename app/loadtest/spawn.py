@@ -43,8 +43,9 @@ class SpawnedServer:
     """``synchrony serve`` in a subprocess on 127.0.0.1 and a free port, logging to a file."""
 
     def __init__(self, max_sessions: int, log_path: Path, extra: list[str] | None = None,
-                 code_dir: Path | None = None) -> None:
-        """``code_dir``: run the server from that source tree (a benchmark's baseline), not this one."""
+                 code_dir: Path | None = None, cores: set[int] | None = None) -> None:
+        """``code_dir``: run the server from that source tree (a benchmark's baseline), not this one;
+        ``cores``: run it (and what it starts) on these cores only."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -55,6 +56,8 @@ class SpawnedServer:
                *(extra or [])]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = None if code_dir is None else {**os.environ, "PYTHONPATH": str(code_dir)}
+        if cores:
+            cmd = ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      cwd=None if code_dir is None else str(code_dir))
 
