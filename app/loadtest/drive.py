@@ -276,7 +276,10 @@ def _own_cpu_s() -> float:
 
 async def _run_peers(specs: list[PeerSpec], cfg: RoundConfig, setup_cpu: list[float]) -> list[dict[str, Any]]:
     """Build the clips (and their encodings), then run the peers; ``setup_cpu`` gets the CPU spent
-    before the first peer starts, so the peers' own cost can be told from it."""
+    before the first peer starts (clips, and the HTTP client's imports), so the peers' own cost can be
+    told from it."""
+    from app.loadtest.peer import warm_http_client
+
     loop = asyncio.get_running_loop()
     clips: dict[float, tuple[Any, lm.ClipTruth, list[bytes] | None, list[bytes] | None]] = {}
     for offset in sorted({s.offset_ms for s in specs}):
@@ -286,6 +289,7 @@ async def _run_peers(specs: list[PeerSpec], cfg: RoundConfig, setup_cpu: list[fl
             vp8 = await loop.run_in_executor(None, encode_vp8_loop, clip.frames, cfg.fps)
             opus = await loop.run_in_executor(None, encode_opus_loop, clip.audio)
         clips[offset] = (clip, lm.clip_truth(clip), vp8, opus)
+    warm_http_client()
     setup_cpu.append(_own_cpu_s())
     tasks = [run_peer(s, cfg, *clips[s.offset_ms]) for s in specs]
     return list(await asyncio.gather(*tasks))

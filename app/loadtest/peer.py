@@ -21,6 +21,7 @@ processes on one machine).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fractions
 import functools
 import json
@@ -73,6 +74,21 @@ def _tls_context() -> ssl.SSLContext:
     """httpx's default TLS context, built once per process: each client would otherwise load the CA
     bundle again (~30 ms of CPU), twice per peer (the offer and the DELETE)."""
     return httpx.create_ssl_context()
+
+
+_HTTP_TRANSPORT_MODULES = ("httpcore._async.http11", "httpcore._backends.anyio", "anyio._backends._asyncio")
+
+
+def warm_http_client() -> None:
+    """Pay the WHIP client's once-per-process costs now: the TLS context, and the transport modules
+    httpx imports at its first request (httpcore, h11, anyio: ~70 modules, ~0.07 CPU-s). A load-test
+    worker calls this while it builds its clips, so its peers' CPU is what each peer costs."""
+    import importlib
+
+    for name in _HTTP_TRANSPORT_MODULES:  # httpx's dependencies' internals: best effort
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    _tls_context()
 
 
 class _Start:
