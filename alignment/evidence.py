@@ -124,14 +124,25 @@ def _sliding_envelope(x: np.ndarray) -> np.ndarray:
     return np.abs(s[_CLICK_N:] - s[:-_CLICK_N])
 
 
-def _may_hold_click(x: np.ndarray, energy: np.ndarray) -> bool:
-    """False only when no lag passes both the amplitude and the coherence test, as any reported
-    peak does. The running sums' rounding (≲ 2·len·eps·sum|x|) is covered many times over."""
+def _quiet(energy: np.ndarray) -> bool:
+    """No lag loud enough: |correlation with the unit-modulus template| <= sqrt(n * window energy)
+    (Cauchy-Schwarz), so the amplitude is at most 2 * sqrt(energy / n)."""
+    return 4.0 * float(energy.max()) / _CLICK_N < 0.99 * _MIN_CLICK_AMPLITUDE**2
+
+
+def _click_candidates(x: np.ndarray, energy: np.ndarray) -> np.ndarray:
+    """The lags that may pass both the amplitude and the coherence test (every lag of long audio).
+    The running sums' rounding (≲ 2·len·eps·sum|x|) is covered many times over by the slack."""
     if len(x) >= _DIRECT_MAX:
-        return True
+        return np.arange(len(energy))
     env = _sliding_envelope(x) * (1.0 + 1e-6) + 1e-10 * float(np.abs(x).sum())
     loud = env >= _MIN_CLICK_AMPLITUDE * _CLICK_N / 2
-    return bool(np.any(loud & (env >= _MIN_CLICK_COHERENCE * np.sqrt(energy * _CLICK_N / 2))))
+    return np.flatnonzero(loud & (env >= _MIN_CLICK_COHERENCE * np.sqrt(energy * _CLICK_N / 2)))
+
+
+def _may_hold_click(x: np.ndarray, energy: np.ndarray) -> bool:
+    """False only when no lag passes both tests, as the peak of any reported click does."""
+    return not _quiet(energy) and _click_candidates(x, energy).size > 0
 
 
 def _click_scan(x: np.ndarray, energy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -156,12 +167,8 @@ def detect_clicks(samples: np.ndarray, t0: float = 0.0) -> list[float]:
     if len(x) < n:
         return []
     energy = _window_energy(x)
-    # |correlation with the unit-modulus template| <= sqrt(n * window energy) (Cauchy-Schwarz), so the
-    # amplitude is at most 2 * sqrt(energy / n): audio too quiet to hold a marker skips the filter.
-    if 4.0 * float(energy.max()) / n < 0.99 * _MIN_CLICK_AMPLITUDE**2:
-        return []
-    # A peak that is reported passes both tests, so audio where no lag does (speech, mostly) skips
-    # the full filter and the peak search; what is found is unchanged.
+    # A peak that is reported passes both tests, so audio where no lag does (quiet audio, speech)
+    # skips the full filter and the peak search; what is found is unchanged.
     if not _may_hold_click(x, energy):
         return []
     amplitude, coherence = _click_scan(x, energy)
@@ -187,28 +194,52 @@ def detect_clicks(samples: np.ndarray, t0: float = 0.0) -> list[float]:
 
 
 class _ClickStream:
-    """Click detection over audio arriving in chunks, keeping only a few bursts' worth of samples."""
+    """Click detection over audio arriving in chunks, keeping only a few bursts' worth of samples.
+
+    Each lag (burst start) is checked once, by :func:`_click_candidates`, when its window is complete;
+    the full detector runs only while a lag that may start a click is held. The check covers only the
+    lags that reach the new samples: for a 20 ms chunk under 500 samples, so numpy keeps the GIL
+    (larger arrays hand it to other threads, and the event loop waits to get it back).
+    """
 
     def __init__(self) -> None:
         self._tail = np.zeros(0, np.float64)
         self._t0 = 0.0
         self._last = -math.inf
+        self._n0 = 0  # stream samples before self._tail[0], since the last restart
+        self._hot = -1  # the last lag (stream sample) that may start a click; -1: none
 
     def push(self, t0: float, samples: np.ndarray) -> list[float]:
         if self._tail.size == 0 or abs(t0 - (self._t0 + len(self._tail) / SAMPLE_RATE)) > 1.5 / SAMPLE_RATE:
             self._tail, self._t0 = np.zeros(0, np.float64), t0  # first chunk or a gap: restart
+            self._n0, self._hot = 0, -1
+        old = len(self._tail)
         self._tail = np.concatenate([self._tail, np.asarray(samples, np.float64).reshape(-1)])
         n = _CLICK_N
         settled_end = self._t0 + (len(self._tail) - 2 * n) / SAMPLE_RATE
         found = []
-        for onset in detect_clicks(self._tail, self._t0):
+        for onset in detect_clicks(self._tail, self._t0) if self._may_hold(old) else ():
             if onset < settled_end and onset > self._last + CLICK_S:
                 found.append(onset)
                 self._last = onset
         keep = min(len(self._tail), 3 * n)
-        self._t0 += (len(self._tail) - keep) / SAMPLE_RATE
-        self._tail = self._tail[len(self._tail) - keep :]
+        drop = len(self._tail) - keep
+        self._t0 += drop / SAMPLE_RATE
+        self._n0 += drop
+        self._tail = self._tail[drop:]
         return found
+
+    def _may_hold(self, old: int) -> bool:
+        """Whether a lag held may start a click: one found earlier, or a new one (its window reaches
+        past the ``old`` samples held before this chunk)."""
+        first = max(old - _CLICK_N + 1, 0)
+        x = self._tail[first:]
+        if len(x) >= _CLICK_N:
+            energy = _window_energy(x)
+            lags = np.zeros(0, np.intp) if _quiet(energy) else _click_candidates(x, energy)
+            if lags.size:
+                self._hot = max(self._hot, self._n0 + first + int(lags[-1]))
+        return self._hot >= self._n0
 
 
 # --- sync markers: video -------------------------------------------------------------------------

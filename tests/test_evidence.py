@@ -78,6 +78,37 @@ def test_click_gate_follows_the_filter_and_never_hides_a_click(monkeypatch):
     assert sum(map(len, found)) >= 20
 
 
+def test_click_stream_checks_each_lag_once_and_finds_what_a_full_scan_finds(monkeypatch):
+    """Streams with clicks (some straddling chunks), gaps and odd chunk sizes: the stream that runs
+    the detector only while a candidate lag is held reports exactly what running it on every chunk does."""
+    rng = np.random.default_rng(11)
+    n = ev._CLICK_N
+    streams = []
+    for _ in range(12):
+        x = rng.standard_normal(int(rng.integers(4000, 12000))) * rng.choice([0.002, 0.02])
+        for at in rng.integers(0, len(x) - n, 4):
+            x[at:at + n] += rng.uniform(0.06, 0.6) * np.sin(2 * np.pi * ev.CLICK_HZ * np.arange(n) / SAMPLE_RATE)
+        cuts = np.cumsum(rng.choice([160, 304, 320, 320, 320, 333, 960], 200))
+        chunks = np.split(x, cuts[cuts < len(x)])
+        t, timed = 5.0, []
+        for c in chunks:
+            timed.append((t, c))
+            t += len(c) / SAMPLE_RATE + (0.05 if rng.random() < 0.03 else 0.0)  # now and then a gap
+        streams.append(timed)
+
+    def run() -> list[list[float]]:
+        out = []
+        for timed in streams:
+            stream = ev._ClickStream()
+            out.append([o for t, c in timed for o in stream.push(t, c)])
+        return out
+
+    found = run()
+    monkeypatch.setattr(ev._ClickStream, "_may_hold", lambda self, old: True)
+    assert run() == found
+    assert sum(map(len, found)) >= 30
+
+
 @pytest.mark.parametrize("fps", [25.0, 30.0])
 def test_flash_phase_gives_subframe_onsets(fps):
     rng = np.random.default_rng(int(fps))
