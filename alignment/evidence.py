@@ -6,11 +6,8 @@ video late) from the media itself, the way broadcast sync test signals do.
 
 Sync markers (``source="markers"``), the spec that :mod:`app.loadtest.testmedia` generates:
 
-* audio: a ``CLICK_S`` = 10 ms, ``CLICK_HZ`` = 1 kHz tone burst starting at the marker instant.
-  Found with a quadrature matched filter (sin and cos templates, so the codec's phase shifts do
-  not matter): the I/Q envelope is a triangle peaking exactly at the burst onset, located to the
-  sample (1/16 ms); a coherence gate (energy in the tone / energy in the window ≥ 0.8) rejects
-  speech.
+* audio: a ``CLICK_S`` = 10 ms, ``CLICK_HZ`` = 1 kHz tone burst starting at the marker instant,
+  found to the sample (1/16 ms) by :mod:`alignment.clicks`.
 * video: a square patch in the top-left corner (side ``max(h // 8, 16)`` px) that is black
   between markers and lit by a light pulse lasting exactly one frame period from the marker
   instant. Each frame is the exposure integral over its cell ``[pts - T/2, pts + T/2)``, so a
@@ -42,17 +39,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from alignment.clicks import _ClickStream
 from alignment.types import SAMPLE_RATE, AudioChunk, VideoFrame
 
-CLICK_HZ = 1000.0
-CLICK_S = 0.010
-CLICK_AMPLITUDE = 0.5
 FLASH_PATCH_FRACTION = 1 / 8  # of the frame height
 FLASH_PATCH_MIN_PX = 16
 
-_CLICK_N = int(round(CLICK_S * SAMPLE_RATE))
-_MIN_CLICK_AMPLITUDE = 0.05
-_MIN_CLICK_COHERENCE = 0.8
 _FLASH_STEP = 0.05  # brightness rise (of full scale) that starts a flash
 _FLASH_MAX_FRAMES = 4  # a longer bright run is scene content, not a marker
 _FLASH_SUM_RANGE = (0.7, 1.3)  # a one-period pulse lights one frame period in total
@@ -90,97 +82,6 @@ class OffsetEstimate:
     source: str | None
     confidence: float
     n_markers: int = 0
-
-
-# --- sync markers: audio -------------------------------------------------------------------------
-
-def _click_templates() -> tuple[np.ndarray, np.ndarray]:
-    t = np.arange(_CLICK_N) / SAMPLE_RATE
-    return np.sin(2 * np.pi * CLICK_HZ * t), np.cos(2 * np.pi * CLICK_HZ * t)
-
-
-_SIN, _COS = _click_templates()
-_IQ = _COS + 1j * _SIN  # one complex template: |correlation| is the I/Q envelope
-
-
-def _window_energy(x: np.ndarray) -> np.ndarray:
-    """Sum of squares of each burst-long window (``len(x) - n + 1`` of them)."""
-    n = _CLICK_N
-    csum = np.concatenate([[0.0], np.cumsum(x.astype(np.float64) ** 2)])
-    return np.maximum(csum[n:] - csum[:-n], 0.0)
-
-
-def _click_scan(x: np.ndarray, energy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Tone amplitude and coherence for a burst starting at each lag (``len(x) - n + 1`` lags)."""
-    n = _CLICK_N
-    if len(x) < 16 * 1024:  # a streaming chunk: direct correlation beats FFT set-up
-        iq = np.correlate(x, _IQ, mode="valid")
-    else:
-        from scipy.signal import oaconvolve
-
-        iq = oaconvolve(x, np.conj(_IQ[::-1]), mode="valid")
-    env = np.abs(iq)
-    amplitude = env / (n / 2)
-    coherence = env / np.maximum(np.sqrt(energy * n / 2), 1e-12)
-    return amplitude, coherence
-
-
-def detect_clicks(samples: np.ndarray, t0: float = 0.0) -> list[float]:
-    """Onsets (s, on the clock where sample 0 is at ``t0``) of the 1 kHz marker bursts in ``samples``."""
-    x = np.asarray(samples, dtype=np.float64).reshape(-1)
-    n = _CLICK_N
-    if len(x) < n:
-        return []
-    energy = _window_energy(x)
-    # |correlation with the unit-modulus template| <= sqrt(n * window energy) (Cauchy-Schwarz), so the
-    # amplitude is at most 2 * sqrt(energy / n): audio too quiet to hold a marker skips the filter.
-    if 4.0 * float(energy.max()) / n < 0.99 * _MIN_CLICK_AMPLITUDE**2:
-        return []
-    amplitude, coherence = _click_scan(x, energy)
-    onsets: list[float] = []
-    last = -(10**9)
-    for p in np.flatnonzero(amplitude >= _MIN_CLICK_AMPLITUDE):
-        if p <= last:
-            continue
-        lo, hi = max(p - n, 0), min(p + n, len(amplitude) - 1)
-        peak = lo + int(np.argmax(amplitude[lo : hi + 1]))
-        if amplitude[p] < amplitude[peak] and peak != p:
-            continue  # not the local maximum: the scan reaches it later
-        if coherence[peak] < _MIN_CLICK_COHERENCE:
-            continue
-        frac = 0.0
-        if 0 < peak < len(amplitude) - 1:
-            a, b, c = amplitude[peak - 1], amplitude[peak], amplitude[peak + 1]
-            denom = a - 2 * b + c
-            frac = float(np.clip(0.5 * (a - c) / denom, -0.5, 0.5)) if denom < 0 else 0.0
-        onsets.append(t0 + (peak + frac) / SAMPLE_RATE)
-        last = peak + n
-    return onsets
-
-
-class _ClickStream:
-    """Click detection over audio arriving in chunks, keeping only a few bursts' worth of samples."""
-
-    def __init__(self) -> None:
-        self._tail = np.zeros(0, np.float64)
-        self._t0 = 0.0
-        self._last = -math.inf
-
-    def push(self, t0: float, samples: np.ndarray) -> list[float]:
-        if self._tail.size == 0 or abs(t0 - (self._t0 + len(self._tail) / SAMPLE_RATE)) > 1.5 / SAMPLE_RATE:
-            self._tail, self._t0 = np.zeros(0, np.float64), t0  # first chunk or a gap: restart
-        self._tail = np.concatenate([self._tail, np.asarray(samples, np.float64).reshape(-1)])
-        n = _CLICK_N
-        settled_end = self._t0 + (len(self._tail) - 2 * n) / SAMPLE_RATE
-        found = []
-        for onset in detect_clicks(self._tail, self._t0):
-            if onset < settled_end and onset > self._last + CLICK_S:
-                found.append(onset)
-                self._last = onset
-        keep = min(len(self._tail), 3 * n)
-        self._t0 += (len(self._tail) - keep) / SAMPLE_RATE
-        self._tail = self._tail[len(self._tail) - keep :]
-        return found
 
 
 # --- sync markers: video -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import av
 import numpy as np
 import pytest
 
+from alignment import clicks
 from alignment import evidence as ev
 from alignment.sync import Level3Validator
 from alignment.types import SAMPLE_RATE, AudioChunk, VideoFrame
@@ -32,28 +33,81 @@ def decode(path) -> tuple[np.ndarray, float, list[VideoFrame]]:
 def test_clicks_found_to_the_sample_and_not_in_speech(speech):
     times = [0.1234, 1.5, 2.71828]
     audio = testmedia.add_clicks(speech.samples, times)
-    found = ev.detect_clicks(audio, t0=10.0)
+    found = clicks.detect_clicks(audio, t0=10.0)
     assert len(found) == len(times)
     for f, t in zip(found, times, strict=True):
         assert abs(f - 10.0 - round(t * SAMPLE_RATE) / SAMPLE_RATE) < 0.1e-3
-    assert ev.detect_clicks(speech.samples) == [], "speech alone must not look like a marker"
+    assert clicks.detect_clicks(speech.samples) == [], "speech alone must not look like a marker"
 
 
 def test_quiet_audio_skips_the_click_filter_only_where_no_lag_could_reach_the_threshold():
     """The skip rests on amplitude <= 2 * sqrt(window energy / n); a burst just loud enough is still found."""
     rng = np.random.default_rng(3)
-    n = ev._CLICK_N
+    n = clicks._CLICK_N
     for scale in (0.001, 0.02, 0.3):
         x = rng.standard_normal(4000) * scale
-        x[1000:1000 + n] += scale * np.sin(2 * np.pi * ev.CLICK_HZ * np.arange(n) / SAMPLE_RATE)
-        energy = ev._window_energy(x)
-        amplitude, _ = ev._click_scan(x, energy)
+        x[1000:1000 + n] += scale * np.sin(2 * np.pi * clicks.CLICK_HZ * np.arange(n) / SAMPLE_RATE)
+        energy = clicks._window_energy(x)
+        amplitude, _ = clicks._click_scan(x, energy)
         assert np.all(amplitude <= 2 * np.sqrt(energy / n) * (1 + 1e-9) + 1e-12)
     quiet = np.zeros(4000)
-    quiet[2000:2000 + n] = 0.06 * np.sin(2 * np.pi * ev.CLICK_HZ * np.arange(n) / SAMPLE_RATE)
-    found = ev.detect_clicks(quiet)
+    quiet[2000:2000 + n] = 0.06 * np.sin(2 * np.pi * clicks.CLICK_HZ * np.arange(n) / SAMPLE_RATE)
+    found = clicks.detect_clicks(quiet)
     assert len(found) == 1 and abs(found[0] * SAMPLE_RATE - 2000) <= 1
-    assert ev.detect_clicks(quiet * 0.5) == []
+    assert clicks.detect_clicks(quiet * 0.5) == []
+
+
+def test_click_gate_follows_the_filter_and_never_hides_a_click(monkeypatch):
+    """The sliding-DFT envelope matches the direct filter's to rounding, and detection with the gate
+    finds exactly what the full filter finds (clicks of any level and phase, in noise of any level)."""
+    rng = np.random.default_rng(5)
+    n = clicks._CLICK_N
+    inputs: list[np.ndarray] = []
+    found: list[list[float]] = []
+    for trial in range(60):
+        x = rng.standard_normal(int(rng.integers(n, 3000))) * rng.choice([0.003, 0.03, 0.3])
+        if trial % 2 and len(x) > n:
+            at = int(rng.integers(0, len(x) - n))
+            phase = 2 * np.pi * clicks.CLICK_HZ * np.arange(n) / SAMPLE_RATE + rng.uniform(0, 2 * np.pi)
+            x[at:at + n] += rng.uniform(0.03, 0.8) * np.sin(phase)
+        inputs.append(x)
+        amplitude, _ = clicks._click_scan(x, clicks._window_energy(x))
+        np.testing.assert_allclose(clicks._sliding_envelope(x) / (n / 2), amplitude, rtol=1e-9, atol=1e-12)
+        found.append(clicks.detect_clicks(x))
+    monkeypatch.setattr(clicks, "_may_hold_click", lambda x, energy: True)
+    assert [clicks.detect_clicks(x) for x in inputs] == found
+    assert sum(map(len, found)) >= 20
+
+
+def test_click_stream_checks_each_lag_once_and_finds_what_a_full_scan_finds(monkeypatch):
+    """Streams with clicks (some straddling chunks), gaps and odd chunk sizes: the stream that runs
+    the detector only while a candidate lag is held reports exactly what running it on every chunk does."""
+    rng = np.random.default_rng(11)
+    n = clicks._CLICK_N
+    streams = []
+    for _ in range(12):
+        x = rng.standard_normal(int(rng.integers(4000, 12000))) * rng.choice([0.002, 0.02])
+        for at in rng.integers(0, len(x) - n, 4):
+            x[at:at + n] += rng.uniform(0.06, 0.6) * np.sin(2 * np.pi * clicks.CLICK_HZ * np.arange(n) / SAMPLE_RATE)
+        cuts = np.cumsum(rng.choice([160, 304, 320, 320, 320, 333, 960], 200))
+        chunks = np.split(x, cuts[cuts < len(x)])
+        t, timed = 5.0, []
+        for c in chunks:
+            timed.append((t, c))
+            t += len(c) / SAMPLE_RATE + (0.05 if rng.random() < 0.03 else 0.0)  # now and then a gap
+        streams.append(timed)
+
+    def run() -> list[list[float]]:
+        out = []
+        for timed in streams:
+            stream = clicks._ClickStream()
+            out.append([o for t, c in timed for o in stream.push(t, c)])
+        return out
+
+    found = run()
+    monkeypatch.setattr(clicks._ClickStream, "_may_hold", lambda self, old: True)
+    assert run() == found
+    assert sum(map(len, found)) >= 30
 
 
 @pytest.mark.parametrize("fps", [25.0, 30.0])

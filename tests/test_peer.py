@@ -42,3 +42,33 @@ async def test_video_track_uses_clip_fps_and_records_send_times():
 def test_video_track_needs_frames():
     with pytest.raises(ValueError, match="at least one frame"):
         ClipVideoTrack([], 25.0, _Start())
+
+
+async def test_pre_encoding_peer_sends_only_the_encoded_tracks(monkeypatch):
+    """The load-test peer replays pre-encoded packets at the clip's rates, and never builds the raw
+    tracks (48 kHz PCM, YUV frames) it would not send."""
+    from app.loadtest import drive, peer
+
+    def unexpected(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a raw track was built")
+
+    monkeypatch.setattr(peer, "ClipAudioTrack", unexpected)
+    monkeypatch.setattr(peer, "ClipVideoTrack", unexpected)
+    frames = [np.zeros((36, 64, 3), np.uint8)] * 3
+    p = drive._make_peer_class()("http://127.0.0.1:9/whip", audio=np.zeros(1600, np.float32), frames=frames,
+                                 fps=30.0, vp8_packets=[b"v0", b"v1"], opus_packets=[b"a0"])
+    try:
+        assert (p.video_track.kind, p.video_track._fps, p.audio_track.kind, p.audio_track._fps) == \
+            ("video", 30.0, "audio", 50.0)
+        sent = [await p.video_track.recv() for _ in range(3)]
+        assert [bytes(s) for s in sent] == [b"v0", b"v1", b"v0"]
+        assert [s.pts for s in sent] == [0, 3000, 6000]
+    finally:
+        await p.pc.close()
+
+
+def test_warm_http_client_builds_the_shared_tls_context_once():
+    from app.loadtest import peer
+
+    peer.warm_http_client()
+    assert peer._tls_context() is peer._tls_context()

@@ -220,10 +220,11 @@ class Session:
         self.faces.offer(t, frame, arrival)
 
     def audio(self, pts: float, samples: np.ndarray) -> None:
-        if self.words.push(AudioChunk(pts, samples)):
-            self.feed.audio(AudioChunk(pts, samples))
+        chunk = AudioChunk(pts, samples)  # frozen: one per 20 ms for every consumer
+        if self.words.push(chunk):
+            self.feed.audio(chunk)
         if self.responses is not None and self.responses.turns is not None:
-            self.responses.audio(AudioChunk(pts, samples))
+            self.responses.audio(chunk)
 
     # --- words and answers ------------------------------------------------------------------
 

@@ -80,16 +80,25 @@ def _make_peer_class() -> type:
 
         def __init__(self, *args: Any, vp8_packets: list[bytes] | None = None,
                      opus_packets: list[bytes] | None = None, decode_video: bool = False, **kwargs: Any) -> None:
+            self._vp8, self._opus = vp8_packets, opus_packets  # read by the track factories below
+            self._encoded = _make_encoded_track_class()
             super().__init__(*args, **kwargs)
-            track_class = _make_encoded_track_class()
-            if vp8_packets is not None and self.video_track is not None:
-                self.video_track = track_class("video", vp8_packets, self.video_track._fps, 90_000, self._start)
-            if opus_packets is not None and self.audio_track is not None:
-                self.audio_track = track_class("audio", opus_packets, 50.0, AUDIO_RATE, self._start)
             self.decode_video = decode_video
             self.flash_walls: list[float] = []
             self.frame_walls: list[float] = []
             self._lit = False
+
+        def _audio_track(self, samples16k: Any, loop: bool) -> Any:
+            """Pre-encoded Opus when given (the raw track, never sent, is not built: its 48 kHz PCM)."""
+            if self._opus is None:
+                return super()._audio_track(samples16k, loop)
+            return self._encoded("audio", self._opus, 50.0, AUDIO_RATE, self._start)
+
+        def _video_track(self, frames: list[Any], fps: float, loop: bool) -> Any:
+            """Pre-encoded VP8 when given (the raw track, never sent, is not built: its YUV frames)."""
+            if self._vp8 is None:
+                return super()._video_track(frames, fps, loop)
+            return self._encoded("video", self._vp8, fps, 90_000, self._start)
 
         def _on_track(self, track: Any) -> None:
             receiver = next((t.receiver for t in self.pc.getTransceivers() if t.receiver.track is track), None)
@@ -267,7 +276,10 @@ def _own_cpu_s() -> float:
 
 async def _run_peers(specs: list[PeerSpec], cfg: RoundConfig, setup_cpu: list[float]) -> list[dict[str, Any]]:
     """Build the clips (and their encodings), then run the peers; ``setup_cpu`` gets the CPU spent
-    before the first peer starts, so the peers' own cost can be told from it."""
+    before the first peer starts (clips, and the HTTP client's imports), so the peers' own cost can be
+    told from it."""
+    from app.loadtest.peer import warm_http_client
+
     loop = asyncio.get_running_loop()
     clips: dict[float, tuple[Any, lm.ClipTruth, list[bytes] | None, list[bytes] | None]] = {}
     for offset in sorted({s.offset_ms for s in specs}):
@@ -277,6 +289,7 @@ async def _run_peers(specs: list[PeerSpec], cfg: RoundConfig, setup_cpu: list[fl
             vp8 = await loop.run_in_executor(None, encode_vp8_loop, clip.frames, cfg.fps)
             opus = await loop.run_in_executor(None, encode_opus_loop, clip.audio)
         clips[offset] = (clip, lm.clip_truth(clip), vp8, opus)
+    warm_http_client()
     setup_cpu.append(_own_cpu_s())
     tasks = [run_peer(s, cfg, *clips[s.offset_ms]) for s in specs]
     return list(await asyncio.gather(*tasks))

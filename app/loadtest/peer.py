@@ -21,8 +21,11 @@ processes on one machine).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fractions
+import functools
 import json
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -64,6 +67,28 @@ class WhipError(RuntimeError):
         self.status = status
         self.detail = detail
         self.retry_after = retry_after
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context, built once per process: each client would otherwise load the CA
+    bundle again (~30 ms of CPU), twice per peer (the offer and the DELETE)."""
+    return httpx.create_ssl_context()
+
+
+_HTTP_TRANSPORT_MODULES = ("httpcore._async.http11", "httpcore._backends.anyio", "anyio._backends._asyncio")
+
+
+def warm_http_client() -> None:
+    """Pay the WHIP client's once-per-process costs now: the TLS context, and the transport modules
+    httpx imports at its first request (httpcore, h11, anyio: ~70 modules, ~0.07 CPU-s). A load-test
+    worker calls this while it builds its clips, so its peers' CPU is what each peer costs."""
+    import importlib
+
+    for name in _HTTP_TRANSPORT_MODULES:  # httpx's dependencies' internals: best effort
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    _tls_context()
 
 
 class _Start:
@@ -173,10 +198,8 @@ class WhipPeer:
         loopback_candidates(is_loopback_url(url))  # media to a loopback server stays on loopback
         patient_consent()  # a loaded server answers consent checks late (see app/live/webrtc.py)
         self.pc = RTCPeerConnection()
-        self.audio_track = ClipAudioTrack(audio, self._start, loop) if audio is not None else None
-        self.video_track = (
-            ClipVideoTrack(frames, float(fps or 25.0), self._start, loop) if frames else None
-        )
+        self.audio_track = self._audio_track(audio, loop) if audio is not None else None
+        self.video_track = self._video_track(frames, float(fps or 25.0), loop) if frames else None
         self.events: list[ReceivedEvent] = []
         self.frames_received = 0
         self.last_frames: deque[av.VideoFrame] = deque(maxlen=max(keep_frames, 1))
@@ -187,6 +210,14 @@ class WhipPeer:
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._closed = False
+
+    def _audio_track(self, samples16k: np.ndarray, loop: bool) -> MediaStreamTrack:
+        """The track that sends the clip's audio (a subclass may send it pre-encoded instead)."""
+        return ClipAudioTrack(samples16k, self._start, loop)
+
+    def _video_track(self, frames: list[np.ndarray], fps: float, loop: bool) -> MediaStreamTrack:
+        """The track that sends the clip's frames (a subclass may send them pre-encoded instead)."""
+        return ClipVideoTrack(frames, fps, self._start, loop)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -205,7 +236,7 @@ class WhipPeer:
         headers = {"Content-Type": "application/sdp"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=_tls_context()) as client:
             resp = await client.post(self.url, content=self.pc.localDescription.sdp, headers=headers)
         if resp.status_code != 201:
             await self.pc.close()
@@ -224,7 +255,7 @@ class WhipPeer:
         if delete and self.location:
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
             try:
-                async with httpx.AsyncClient(timeout=5.0) as client:
+                async with httpx.AsyncClient(timeout=5.0, verify=_tls_context()) as client:
                     status = (await client.delete(self.location, headers=headers)).status_code
             except httpx.HTTPError:
                 status = None

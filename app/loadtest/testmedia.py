@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from alignment import clicks as _clicks
 from alignment import evidence as _evidence
 from alignment.espeak import (
     EspeakUnavailable,
@@ -64,13 +65,13 @@ def speech_envelope(samples: np.ndarray, times: np.ndarray, window_s: float = 0.
 # --- sync markers ---------------------------------------------------------------------------
 # The marker spec (and its detector) lives in alignment.evidence; this is the generator side.
 
-CLICK_HZ = _evidence.CLICK_HZ
-CLICK_S = _evidence.CLICK_S
+CLICK_HZ = _clicks.CLICK_HZ
+CLICK_S = _clicks.CLICK_S
 FLASH_FRAMES = 1  # the light pulse lasts exactly one frame period
 
 
 def add_clicks(
-    samples: np.ndarray, times: list[float], amplitude: float = _evidence.CLICK_AMPLITUDE
+    samples: np.ndarray, times: list[float], amplitude: float = _clicks.CLICK_AMPLITUDE
 ) -> np.ndarray:
     """Mix a 10 ms 1 kHz tone burst starting at each time into ``samples``."""
     out = samples.copy()
