@@ -56,8 +56,13 @@ class DecoderPass:
         # Cross-attention logits per layer, one (heads, positions, frames) tensor per feed.
         self._qk: list[list[torch.Tensor]] = [[] for _ in blocks]
 
-    def feed(self, tokens: list[int]) -> torch.Tensor:
-        """Hidden states (len(tokens), state) of ``tokens`` appended after what was fed."""
+    def feed(self, tokens: list[int], rowwise: bool = False) -> torch.Tensor:
+        """Hidden states (len(tokens), state) of ``tokens`` appended after what was fed.
+
+        ``rowwise``: every position's attention is computed as a one-token feed computes it (the
+        int8 Linears are batch-invariant already), so each row equals, bit for bit, what feeding
+        the tokens one at a time gives; the layers' weights are still read once for all of them.
+        """
         n, start = len(tokens), self.length
         end = start + n
         if end > self.max_len:
@@ -65,7 +70,7 @@ class DecoderPass:
         dec, h, d = self.dec, self.n_head, self.d_head
         x = dec.token_embedding(torch.tensor(tokens)) + dec.positional_embedding[start:end]
         mask = None
-        if n > 1:  # causal within the new positions; everything before them is visible
+        if n > 1 and not rowwise:  # causal within the new positions; everything before them is visible
             mask = torch.full((n, end), float("-inf")).triu_(start + 1)
         for i, (b, ck, cv) in enumerate(self.layers):
             a = b.attn
@@ -73,22 +78,22 @@ class DecoderPass:
             y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
             qkv = getattr(a, "qkv", None)
             q, k, v = qkv(y).split(self.n_state, -1) if qkv is not None else (a.query(y), a.key(y), a.value(y))
-            q = q.reshape(n, h, d).transpose(0, 1)
             self.k[i, :, start:end] = k.reshape(n, h, d).transpose(0, 1)
             self.v[i, :, start:end] = v.reshape(n, h, d).transpose(0, 1)
-            att = (q * self.scale) @ self.k[i, :, :end].transpose(-1, -2)
-            if mask is not None:
-                att = att + mask
-            o = (att.softmax(-1) @ self.v[i, :, :end]).transpose(0, 1).reshape(n, h * d)
+            if rowwise and n > 1:
+                o = torch.cat([self._self_attention(i, q[j : j + 1], start + j + 1) for j in range(n)])
+            else:
+                o = self._self_attention(i, q, end, mask)
             x = x + a.out(o)
 
             c = b.cross_attn
             ln = b.cross_attn_ln
             y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
-            q = c.query(y).view(n, h, d).transpose(0, 1)
-            att = q @ ck.transpose(-1, -2)  # (heads, n, frames); ck carries the scale
-            self._qk[i].append(att)
-            o = (att.softmax(-1) @ cv).transpose(0, 1).reshape(n, h * d)
+            q = c.query(y)
+            if rowwise and n > 1:
+                o = torch.cat([self._cross_attention(i, q[j : j + 1], ck, cv) for j in range(n)])
+            else:
+                o = self._cross_attention(i, q, ck, cv)
             x = x + c.out(o)
 
             ln = b.mlp_ln
@@ -96,6 +101,23 @@ class DecoderPass:
             x = x + b.mlp[2](F.gelu(b.mlp[0](y)))
         self.length = end
         return F.layer_norm(x, dec.ln.weight.shape, dec.ln.weight, dec.ln.bias, dec.ln.eps)
+
+    def _self_attention(self, i: int, q: torch.Tensor, end: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer ``i``'s self-attention output of the queries ``q`` (rows, state) over positions
+        ``[0, end)`` of the cache."""
+        n, h, d = q.shape[0], self.n_head, self.d_head
+        q = q.reshape(n, h, d).transpose(0, 1)
+        att = (q * self.scale) @ self.k[i, :, :end].transpose(-1, -2)
+        if mask is not None:
+            att = att + mask
+        return (att.softmax(-1) @ self.v[i, :, :end]).transpose(0, 1).reshape(n, h * d)
+
+    def _cross_attention(self, i: int, q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor) -> torch.Tensor:
+        """Layer ``i``'s cross-attention output of the queries ``q``; keeps their logits (word DTW)."""
+        n, h, d = q.shape[0], self.n_head, self.d_head
+        att = q.view(n, h, d).transpose(0, 1) @ ck.transpose(-1, -2)  # (heads, n, frames); ck carries the scale
+        self._qk[i].append(att)
+        return (att.softmax(-1) @ cv).transpose(0, 1).reshape(n, h * d)
 
     def truncate(self, n: int) -> None:
         """Forget positions ``n`` and later (their keys, values and cross-attention)."""
