@@ -174,16 +174,18 @@ class WhisperEngine:
             n_keep -= 1
         return words[:n_keep]
 
-    def _approx_logits(self, row: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits of one hidden state from an int8 copy of the embedding (much cheaper).
+    def _approx_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits of hidden states (rows, state) from an int8 copy of the embedding.
 
         The fp32 projection reads 80 MB of weights per sampled token; :meth:`_pick` re-scores
-        the best candidates exactly, so greedy choices do not depend on the int8 error. Rows are
-        projected one at a time, only when the greedy loop reaches them.
+        the best candidates exactly, so greedy choices do not depend on the int8 error. Each
+        row comes out as if projected alone (:class:`models.int8.RowwiseDynamicInt8`), so a
+        token's logits do not depend on which rows were verified with it.
         """
         if self._proj_q is None:
-            return row @ self.model.decoder.token_embedding.weight.T
-        return self._proj_q(row[None])[0]
+            emb = self.model.decoder.token_embedding.weight
+            return torch.stack([row @ emb.T for row in rows])
+        return self._proj_q(rows)
 
     def _pick(self, hrow: torch.Tensor, approx: torch.Tensor, blank: bool, no_eot: bool = False,
               ) -> tuple[int, float, float]:
@@ -227,7 +229,10 @@ class WhisperEngine:
         ``draft_tokens`` (the previous hypothesis) are fed with the prefix in one forward pass and
         verified greedily from the logits of that pass: accepted tokens cost no sequential step,
         and at the first mismatch the cache is cut back and greedy decoding goes on from there.
-        The result is the plain greedy decode; only the number of weight reads changes.
+        Each later token is fed with a guess of the tokens after it (:func:`_guess`), verified
+        the same way; those rows are computed as one-token steps compute them (``rowwise``), so
+        a guess changes nothing but the number of weight reads. The result is the plain greedy
+        decode.
 
         Returns text tokens (prefix + new), their probabilities (1.0 for the forced prefix), the
         per-layer cross-attention logits of every fed position, the row of ``<|notimestamps|>``,
@@ -251,16 +256,16 @@ class WhisperEngine:
         n0 = len(tokens)
         no_speech = 0.0
         h = state.feed(tokens + draft)
-        rows = h[n0 - 1 :]  # hidden states that predict draft[0], ..., draft[-1], the next
         if not prefix_tokens:  # no-speech is only judged without a prefix
             no_speech = float((h[sot_index] @ emb.T).float().softmax(-1)[tok.no_speech])
-        hrow = rows[0]
-        step = self._approx_logits(hrow)
-        in_draft = True
+        ahead = draft  # tokens fed past the text, to verify: rows[k] predicts ahead[k] (and rows[-1] the next)
+        rows = h[n0 - 1 :]
+        logits = self._approx_logits(rows)
+        j = 0  # the row the next token is picked from
         word_started = not expect_words
         for i in range(max(budget, 0)):
             hold = not word_started and i < 3  # expected speech: the text may not end yet
-            nxt, lp, p_spelled = self._pick(hrow, step, blank=i == 0 and not prefix_tokens, no_eot=hold)
+            nxt, lp, p_spelled = self._pick(rows[j], logits[j], blank=i == 0 and not prefix_tokens, no_eot=hold)
             if nxt == tok.eot:
                 break
             word_started = word_started or self._starts_word(nxt)
@@ -271,15 +276,15 @@ class WhisperEngine:
             if keep < len(out):
                 del out[max(keep, 0) :], probs[max(keep, 0) :]
                 break
-            if in_draft and i < len(draft) and nxt == draft[i]:
-                hrow = rows[i + 1]  # computed in the batched pass; projected only when reached
-                step = self._approx_logits(hrow)
+            if j < len(ahead) and nxt == ahead[j]:
+                j += 1  # verified: its successor's row was computed with it
                 continue
-            if in_draft:  # leave the draft: forget what was fed past the accepted tokens
-                in_draft = False
-                state.truncate(n0 + i)
-            hrow = state.feed([nxt])[-1]
-            step = self._approx_logits(hrow)
+            # Forget what was fed past the verified tokens; feed this token with a guess of what follows.
+            state.truncate(n0 + i)
+            ahead = _guess(prefix_tokens + out, min(_GUESS, budget - i - 1))
+            rows = state.feed([nxt, *ahead], rowwise=True)
+            logits = self._approx_logits(rows)
+            j = 0
         layers = state.cross_attention()  # each (heads, fed positions, frames)
         text = prefix_tokens + out
         token_probs = [1.0] * len(prefix_tokens) + probs
@@ -323,6 +328,25 @@ class WhisperEngine:
 
 
 _RESCORE = 8  # candidates re-scored in fp32 after the int8 vocabulary projection
+_GUESS = 6  # tokens guessed ahead after a sampled token (verified in the same decoder pass)
+
+
+def _guess(tokens: list[int], n: int) -> list[int]:
+    """The ``n`` tokens that followed the last token's previous occurrence, continued periodically
+    when that run reaches the end (``a b c a`` -> ``b c a b ...``); [] when it has none.
+
+    tiny.en often says again what it just said: at the end of a partial window it loops (a word
+    or a full stop four times, which :func:`_loop_cut` then cuts) or repeats the forced prefix.
+    """
+    last = len(tokens) - 1
+    if n <= 0 or last < 1:
+        return []
+    try:
+        at = last - 1 - tokens[last - 1 :: -1].index(tokens[last])
+    except ValueError:
+        return []
+    period = last - at
+    return [tokens[at + 1 + k % period] for k in range(n)]
 
 
 def _loop_cut(tokens: list[int]) -> int:
