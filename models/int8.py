@@ -52,25 +52,22 @@ class RowInt8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A decode makes thousands of these calls with a row or a few: each op here is mostly call
-        # overhead, so there are as few as the same float ops allow. The per-row scale 127 / max|x|
-        # is made in place (``127.0 / t`` is computed by torch as ``t.reciprocal() * 127.0``; a
-        # maximum is exact however it is found); ``addcdiv`` is ``sums * w_scale / inv + bias``
-        # with the same roundings as separate ops; 2-D input is not reshaped.
+        # overhead, so the per-row scale 127 / max|x| is made in place (the same float ops as
+        # ``127.0 / t``, which torch computes as ``t.reciprocal() * 127.0``), the kernel's
+        # transposed view of the weight is made once and 2-D input is not reshaped.
         shape = x.shape
         flat = x.dim() == 2
         if not flat:
             x = x.reshape(-1, shape[-1])
-        inv = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True)
-        inv = inv.clamp_min_(1e-12).reciprocal_().mul_(127.0)  # per-row scale
+        inv = x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).reciprocal_().mul_(127.0)  # per-row scale
         q = (x * inv).round_().to(torch.int8)
         cached = self.__dict__.get("_weight_t")
-        if cached is None or cached[0] is not self.weight:  # the kernel's view, made once
+        if cached is None or cached[0] is not self.weight:
             cached = self.__dict__["_weight_t"] = (self.weight, self.weight.t())
-        sums = torch._int_mm(q, cached[1])  # exact int32 sums
-        if self.bias is None:
-            y = (sums * self.weight_scale).div_(inv)
-        else:
-            y = torch.addcdiv(self.bias, sums * self.weight_scale, inv)
+        y = torch._int_mm(q, cached[1]).float()  # exact int32 sums
+        y.mul_(self.weight_scale).div_(inv)
+        if self.bias is not None:
+            y.add_(self.bias)
         return y if flat else y.reshape(*shape[:-1], self.out_features)
 
 def _dynamic_int8(linear: torch.nn.Linear) -> torch.nn.Module:
