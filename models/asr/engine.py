@@ -159,11 +159,13 @@ class WhisperEngine:
             num_frames = min(num_frames, mel.shape[-1])
             with self.lock, torch.inference_mode():
                 feats = self.encoder(mel.unsqueeze(0))
-                text, probs, layers, first_row, no_speech, avg_lp = self._decode_tokens(
+                text, probs, layers, first_row, sot_row, avg_lp = self._decode_tokens(
                     feats, prefix_tokens, prompt, dur, draft_tokens, expect_words
                 )
-                if not prefix_tokens and no_speech > 0.6 and avg_lp < -1.0:
-                    return []  # Whisper's own no-speech rule
+                # Whisper's own no-speech rule (judged only without a prefix). Its probability
+                # takes an fp32 projection (80 MB of weights): only made when the text is unsure.
+                if sot_row is not None and avg_lp < -1.0 and self._no_speech(sot_row) > 0.6:
+                    return []
                 words = self._align(layers, first_row, text, probs, num_frames)
         finally:
             torch.set_num_threads(prev_threads)
@@ -210,6 +212,11 @@ class WhisperEngine:
         p_same = sum(p for c, p in zip(top.tolist(), p_top, strict=True) if spelled and self._spelling(c) == spelled)
         return best, lp, max(p_same, float(np.exp(lp)))
 
+    def _no_speech(self, sot_row: torch.Tensor) -> float:
+        """Whisper's no-speech probability, from the hidden state of ``<|startoftranscript|>``."""
+        emb = self.model.decoder.token_embedding.weight
+        return float((sot_row @ emb.T).float().softmax(-1)[self.tokenizer.no_speech])
+
     def _starts_word(self, token: int) -> bool:
         """The token opens a new word (a leading space and a letter or digit), not punctuation."""
         return bool(self._spelling(token)) and self.tokenizer.decode([token]).startswith(" ")
@@ -236,7 +243,8 @@ class WhisperEngine:
 
         Returns text tokens (prefix + new), their probabilities (1.0 for the forced prefix), the
         per-layer cross-attention logits of every fed position, the row of ``<|notimestamps|>``,
-        the no-speech probability and the mean log-probability of the new tokens.
+        the hidden state of ``<|startoftranscript|>`` without a prefix (else None: no-speech is
+        only judged without one) and the mean log-probability of the new tokens.
         """
         tok = self.tokenizer
         initial: list[int] = []
@@ -247,17 +255,14 @@ class WhisperEngine:
         tokens = initial + prefix_tokens
         budget = min(int(dur * 8) + 8, self.n_text_ctx // 2, self.n_text_ctx - len(tokens) - 1)
         draft = list(draft_tokens)[: max(budget, 0)]
-        emb = self.model.decoder.token_embedding.weight
         state = DecoderPass(self.model.decoder, feats, max_len=len(tokens) + max(budget, 0) + 1,
                             blocks=self.decoder_blocks)
         out: list[int] = []
         probs: list[float] = []
         sum_lp = 0.0
         n0 = len(tokens)
-        no_speech = 0.0
         h = state.feed(tokens + draft)
-        if not prefix_tokens:  # no-speech is only judged without a prefix
-            no_speech = float((h[sot_index] @ emb.T).float().softmax(-1)[tok.no_speech])
+        sot_row = None if prefix_tokens else h[sot_index]
         ahead = draft  # tokens fed past the text, to verify: rows[k] predicts ahead[k] (and rows[-1] the next)
         rows = h[n0 - 1 :]
         logits = self._approx_logits(rows)
@@ -288,7 +293,7 @@ class WhisperEngine:
         layers = state.cross_attention()  # each (heads, fed positions, frames)
         text = prefix_tokens + out
         token_probs = [1.0] * len(prefix_tokens) + probs
-        return text, token_probs, layers, len(initial) - 1, no_speech, sum_lp / max(len(out), 1)
+        return text, token_probs, layers, len(initial) - 1, sot_row, sum_lp / max(len(out), 1)
 
     def _align(
         self, layers: list[torch.Tensor], first_row: int, text_tokens: list[int], token_probs: list[float],
