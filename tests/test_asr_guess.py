@@ -7,7 +7,7 @@ import pytest
 
 from alignment.types import SAMPLE_RATE
 from models.asr import engine as engine_mod
-from models.asr.engine import _guess, get_engine
+from models.asr.engine import _before_cut, _guess, get_engine
 
 
 def test_a_guess_continues_the_last_tokens_previous_run():
@@ -16,6 +16,13 @@ def test_a_guess_continues_the_last_tokens_previous_run():
     assert _guess([4, 1, 2, 3, 9, 1], 2) == [2, 3]  # a phrase said again
     assert _guess([1, 2, 3], 4) == []  # the last token is new: no guess
     assert _guess([1, 2, 1], 0) == [] and _guess([1], 3) == []
+
+
+def test_a_guess_stops_before_the_token_that_completes_a_loop():
+    """Decoding stops at the token that makes a loop (:func:`_loop_cut`): no row after it is fed."""
+    assert _before_cut([9, 5, 5], [5, 5, 5, 5]) == [5]  # the fourth 5 ends the decode
+    assert _before_cut([1, 2, 3, 4, 1, 2], [3, 4, 1]) == [3]  # 1 2 3 4 said twice
+    assert _before_cut([1, 2, 3], [4, 5]) == [4, 5]
 
 
 def test_guesses_change_no_decode(whisper_model, speech, monkeypatch):

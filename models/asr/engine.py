@@ -286,7 +286,7 @@ class WhisperEngine:
                 continue
             # Forget what was fed past the verified tokens; feed this token with a guess of what follows.
             state.truncate(n0 + i)
-            ahead = _guess(prefix_tokens + out, min(_GUESS, budget - i - 1))
+            ahead = _before_cut(prefix_tokens + out, _guess(prefix_tokens + out, min(_GUESS, budget - i - 1)))
             rows = state.feed([nxt, *ahead], rowwise=True)
             logits = self._approx_logits(rows)
             j = 0
@@ -352,6 +352,15 @@ def _guess(tokens: list[int], n: int) -> list[int]:
         return []
     period = last - at
     return [tokens[at + 1 + k % period] for k in range(n)]
+
+
+def _before_cut(tokens: list[int], guess: list[int]) -> list[int]:
+    """``guess`` up to the token before the one that would make ``tokens`` a loop: decoding stops
+    at that token, so no row after it is read."""
+    for m in range(1, len(guess) + 1):
+        if _loop_cut(tokens + guess[:m]) < len(tokens) + m:
+            return guess[: m - 1]
+    return guess
 
 
 def _loop_cut(tokens: list[int]) -> int:
