@@ -53,14 +53,18 @@ class RowInt8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A decode makes thousands of these calls with a row or a few: each op here is mostly call
         # overhead, so the per-row scale 127 / max|x| is made in place (the same float ops as
-        # ``127.0 / t``, which torch computes as ``t.reciprocal() * 127.0``) and 2-D input is not reshaped.
+        # ``127.0 / t``, which torch computes as ``t.reciprocal() * 127.0``), the kernel's
+        # transposed view of the weight is made once and 2-D input is not reshaped.
         shape = x.shape
         flat = x.dim() == 2
         if not flat:
             x = x.reshape(-1, shape[-1])
         inv = x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).reciprocal_().mul_(127.0)  # per-row scale
         q = (x * inv).round_().to(torch.int8)
-        y = torch._int_mm(q, self.weight.t()).float()  # exact int32 sums
+        cached = self.__dict__.get("_weight_t")
+        if cached is None or cached[0] is not self.weight:
+            cached = self.__dict__["_weight_t"] = (self.weight, self.weight.t())
+        y = torch._int_mm(q, cached[1]).float()  # exact int32 sums
         y.mul_(self.weight_scale).div_(inv)
         if self.bias is not None:
             y.add_(self.bias)
@@ -115,10 +119,58 @@ def _stack_attention(module: torch.nn.Module) -> None:
             block.cross_attn.kv = RowInt8Linear.stacked(kv)
 
 
-def int8_projection(weight: torch.Tensor) -> torch.nn.Module | None:
-    """A dynamic-int8 copy of a (tied) vocabulary projection ``x @ weight.T``, or None. (Dynamic:
-    for 51,864 outputs its kernel is ~5x faster than the integer matmul of RowInt8Linear; it is
-    applied to one row at a time.)"""
+class RowwiseDynamicInt8(torch.nn.Module):
+    """torch's dynamic-int8 Linear (fbgemm) applied to every input row as if that row were its own
+    call, bit for bit, but with one weight read for all of them.
+
+    A dynamic call quantises its whole input with one (asymmetric, 7-bit) scale, so rows batched
+    together would come out differently than alone. Here each row gets the scale and zero point
+    a one-row call would choose and is quantised as that call would; the integer sums of all
+    rows come from one fbgemm call on the quantised values themselves (integers 0..127, plus a
+    row that pins that call's own scale to 1 and zero point to 0, so it quantises nothing away),
+    and each row's sums are scaled back as fbgemm scales a one-row call's.
+    """
+
+    def __init__(self, dynamic: torch.nn.Module) -> None:
+        super().__init__()
+        self.dynamic = dynamic
+        weight, bias = dynamic._packed_params._weight_bias()
+        if weight.qscheme() != torch.per_tensor_affine or weight.q_zero_point() != 0 or bias is not None:
+            raise ValueError("RowwiseDynamicInt8 needs a symmetric per-tensor int8 weight and no bias")
+        self.register_buffer("weight_scale", torch.tensor(weight.q_scale(), dtype=torch.float32))
+        # sum_k w[j, k]: a row's zero point times this is what its sums carry on top of (q - zp) w
+        self.register_buffer("col_sums", weight.int_repr().sum(1, dtype=torch.int32).float())
+        pin = torch.zeros(1, dynamic.in_features)
+        pin[0, 0] = float(_QMAX)
+        self.register_buffer("pin", pin)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            return self.dynamic(x)
+        qs, zps, scales = [], [], []
+        for row in x:  # the parameters and rounding of a one-row call (7 bits: reduce_range)
+            scale, zp = torch._choose_qparams_per_tensor(row, reduce_range=True)
+            qs.append(torch.quantize_per_tensor(row, scale, zp, torch.quint8).int_repr())
+            zps.append(zp)
+            scales.append(scale)
+        q = torch.stack(qs).clamp_(max=_QMAX).float()
+        # The integer sums come back as fl(sum * w_scale); every |sum| < 2**24, so this division
+        # recovers them exactly, and so does the float arithmetic on them below.
+        sums = self.dynamic(torch.cat([q, self.pin]))[:-1].div_(self.weight_scale).round_()
+        sums.sub_(torch.tensor(zps, dtype=torch.float32)[:, None] * self.col_sums)
+        # fbgemm scales a row's sums by one float multiplier, input scale * weight scale.
+        return sums.mul_((torch.tensor(scales, dtype=torch.float32) * self.weight_scale)[:, None])
+
+
+_QMAX = 127  # 7-bit activations (reduce_range): u8 x s8 pairs cannot saturate fbgemm's int16 sums
+
+
+def int8_projection(weight: torch.Tensor) -> RowwiseDynamicInt8 | None:
+    """A dynamic-int8 copy of a (tied) vocabulary projection ``x @ weight.T`` that computes each
+    row as a one-row call would (:class:`RowwiseDynamicInt8`), or None. (Dynamic: for 51,864
+    outputs its kernel is ~5x faster than the integer matmul of RowInt8Linear; a one-row call's
+    result must not depend on what other rows are projected with it.)"""
     lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     lin.weight.data = weight.detach()
-    return int8_copy(torch.nn.Sequential(lin))
+    dynamic = int8_copy(torch.nn.Sequential(lin))
+    return None if dynamic is None else RowwiseDynamicInt8(dynamic[0]).eval()

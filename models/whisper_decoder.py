@@ -14,11 +14,47 @@ on its own, so a row's result never depends on what was batched with it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from whisper.model import TextDecoder
+
+
+class _Layer(NamedTuple):
+    """One block's weights as the calls a step makes (bound once: a step is mostly call overhead)."""
+
+    attn_ln: tuple
+    qkv: Callable[[torch.Tensor], Sequence[torch.Tensor]]
+    out: Callable[[torch.Tensor], torch.Tensor]
+    cross_ln: tuple
+    cross_query: Callable[[torch.Tensor], torch.Tensor]
+    cross_out: Callable[[torch.Tensor], torch.Tensor]
+    mlp_ln: tuple
+    fc1: Callable[[torch.Tensor], torch.Tensor]
+    fc2: Callable[[torch.Tensor], torch.Tensor]
+    ck: torch.Tensor  # cross-attention keys of the audio (heads, frames, d), scaled
+    cv: torch.Tensor  # and values
+
+
+def _ln(m: torch.nn.LayerNorm) -> tuple:
+    return m.weight.shape, m.weight, m.bias, m.eps
+
+
+def _layer(b: torch.nn.Module, n_state: int, ck: torch.Tensor, cv: torch.Tensor) -> _Layer:
+    a, c = b.attn, b.cross_attn
+    stacked = getattr(a, "qkv", None)  # an int8 copy's stacked query, key and value (models.int8)
+    if stacked is not None:
+        fwd = stacked.forward
+
+        def qkv(y: torch.Tensor) -> Sequence[torch.Tensor]:
+            return fwd(y).split(n_state, -1)
+    else:
+        def qkv(y: torch.Tensor) -> Sequence[torch.Tensor]:
+            return a.query(y), a.key(y), a.value(y)
+    return _Layer(_ln(b.attn_ln), qkv, a.out.forward, _ln(b.cross_attn_ln), c.query.forward, c.out.forward,
+                  _ln(b.mlp_ln), b.mlp[0].forward, b.mlp[2].forward, ck, cv)
 
 
 class DecoderPass:
@@ -49,15 +85,20 @@ class DecoderPass:
             k, v = kv(audio).split(n_state, -1) if kv is not None else (ca.key(audio), ca.value(audio))
             k = k.reshape(-1, self.n_head, self.d_head).transpose(0, 1)
             v = v.reshape(-1, self.n_head, self.d_head).transpose(0, 1)
-            self.layers.append((b, (k * self.scale).contiguous(), v.contiguous()))
+            self.layers.append(_layer(b, n_state, (k * self.scale).contiguous(), v.contiguous()))
         self.k = torch.zeros(len(blocks), self.n_head, self.max_len, self.d_head)
         self.v = torch.zeros_like(self.k)
         self.length = 0
         # Cross-attention logits per layer, one (heads, positions, frames) tensor per feed.
         self._qk: list[list[torch.Tensor]] = [[] for _ in blocks]
 
-    def feed(self, tokens: list[int]) -> torch.Tensor:
-        """Hidden states (len(tokens), state) of ``tokens`` appended after what was fed."""
+    def feed(self, tokens: list[int], rowwise: bool = False) -> torch.Tensor:
+        """Hidden states (len(tokens), state) of ``tokens`` appended after what was fed.
+
+        ``rowwise``: every position's attention is computed as a one-token feed computes it (the
+        int8 Linears are batch-invariant already), so each row equals, bit for bit, what feeding
+        the tokens one at a time gives; the layers' weights are still read once for all of them.
+        """
         n, start = len(tokens), self.length
         end = start + n
         if end > self.max_len:
@@ -65,37 +106,48 @@ class DecoderPass:
         dec, h, d = self.dec, self.n_head, self.d_head
         x = dec.token_embedding(torch.tensor(tokens)) + dec.positional_embedding[start:end]
         mask = None
-        if n > 1:  # causal within the new positions; everything before them is visible
+        if n > 1 and not rowwise:  # causal within the new positions; everything before them is visible
             mask = torch.full((n, end), float("-inf")).triu_(start + 1)
-        for i, (b, ck, cv) in enumerate(self.layers):
-            a = b.attn
-            ln = b.attn_ln
-            y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
-            qkv = getattr(a, "qkv", None)
-            q, k, v = qkv(y).split(self.n_state, -1) if qkv is not None else (a.query(y), a.key(y), a.value(y))
-            q = q.reshape(n, h, d).transpose(0, 1)
+        for i, lay in enumerate(self.layers):
+            y = F.layer_norm(x, *lay.attn_ln)
+            q, k, v = lay.qkv(y)
             self.k[i, :, start:end] = k.reshape(n, h, d).transpose(0, 1)
             self.v[i, :, start:end] = v.reshape(n, h, d).transpose(0, 1)
-            att = (q * self.scale) @ self.k[i, :, :end].transpose(-1, -2)
-            if mask is not None:
-                att = att + mask
-            o = (att.softmax(-1) @ self.v[i, :, :end]).transpose(0, 1).reshape(n, h * d)
-            x = x + a.out(o)
+            if rowwise and n > 1:
+                o = torch.cat([self._self_attention(i, q[j : j + 1], start + j + 1) for j in range(n)])
+            else:
+                o = self._self_attention(i, q, end, mask)
+            x = x + lay.out(o)
 
-            c = b.cross_attn
-            ln = b.cross_attn_ln
-            y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
-            q = c.query(y).view(n, h, d).transpose(0, 1)
-            att = q @ ck.transpose(-1, -2)  # (heads, n, frames); ck carries the scale
-            self._qk[i].append(att)
-            o = (att.softmax(-1) @ cv).transpose(0, 1).reshape(n, h * d)
-            x = x + c.out(o)
+            y = F.layer_norm(x, *lay.cross_ln)
+            q = lay.cross_query(y)
+            if rowwise and n > 1:
+                o = torch.cat([self._cross_attention(i, q[j : j + 1], lay.ck, lay.cv) for j in range(n)])
+            else:
+                o = self._cross_attention(i, q, lay.ck, lay.cv)
+            x = x + lay.cross_out(o)
 
-            ln = b.mlp_ln
-            y = F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, ln.eps)
-            x = x + b.mlp[2](F.gelu(b.mlp[0](y)))
+            y = F.layer_norm(x, *lay.mlp_ln)
+            x = x + lay.fc2(F.gelu(lay.fc1(y)))
         self.length = end
         return F.layer_norm(x, dec.ln.weight.shape, dec.ln.weight, dec.ln.bias, dec.ln.eps)
+
+    def _self_attention(self, i: int, q: torch.Tensor, end: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer ``i``'s self-attention output of the queries ``q`` (rows, state) over positions
+        ``[0, end)`` of the cache."""
+        n, h, d = q.shape[0], self.n_head, self.d_head
+        q = q.reshape(n, h, d).transpose(0, 1)
+        att = (q * self.scale) @ self.k[i, :, :end].transpose(-1, -2)
+        if mask is not None:
+            att = att + mask
+        return (att.softmax(-1) @ self.v[i, :, :end]).transpose(0, 1).reshape(n, h * d)
+
+    def _cross_attention(self, i: int, q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor) -> torch.Tensor:
+        """Layer ``i``'s cross-attention output of the queries ``q``; keeps their logits (word DTW)."""
+        n, h, d = q.shape[0], self.n_head, self.d_head
+        att = q.view(n, h, d).transpose(0, 1) @ ck.transpose(-1, -2)  # (heads, n, frames); ck carries the scale
+        self._qk[i].append(att)
+        return (att.softmax(-1) @ cv).transpose(0, 1).reshape(n, h * d)
 
     def truncate(self, n: int) -> None:
         """Forget positions ``n`` and later (their keys, values and cross-attention)."""

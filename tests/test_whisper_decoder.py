@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from models.int8 import RowInt8Linear, int8_copy
+from models.int8 import RowInt8Linear, int8_copy, int8_projection
 from models.whisper_decoder import DecoderPass
 from models.whisper_loader import mel_for
 
@@ -156,3 +156,37 @@ def test_stacked_int8_projections_equal_the_separate_ones(whisper_model, window)
         b = DecoderPass(whisper_model.decoder, feats, max_len=64, blocks=separate)
         assert torch.equal(a.feed(tokens), b.feed(tokens))
         assert all(torch.equal(p, q) for p, q in zip(a.cross_attention(), b.cross_attention(), strict=True))
+
+
+def test_rowwise_feeding_equals_one_token_feeds_bit_for_bit(whisper_model, window):
+    """A ``rowwise`` feed of several tokens (int8 blocks) gives every row, and its cross-attention,
+    exactly what feeding those tokens one at a time gives: a verified guess changes no bit."""
+    feats, tokens, _, _ = window
+    blocks = int8_copy(whisper_model.decoder.blocks, rowwise=True)
+    with torch.inference_mode():
+        steps = DecoderPass(whisper_model.decoder, feats, max_len=64, blocks=blocks)
+        rows = DecoderPass(whisper_model.decoder, feats, max_len=64, blocks=blocks)
+        steps.feed(tokens[:4])
+        rows.feed(tokens[:4])
+        h_steps = torch.cat([steps.feed([t]) for t in tokens[4:]])
+        h_rows = rows.feed(tokens[4:], rowwise=True)
+        assert torch.equal(h_rows, h_steps)
+        assert all(torch.equal(a, b) for a, b in zip(rows.cross_attention(), steps.cross_attention(), strict=True))
+
+
+def test_int8_projection_rows_equal_one_row_calls(whisper_model):
+    """The int8 vocabulary projection computes each row of a batch exactly as a one-row call (its
+    own dynamic scale and zero point), whatever the rows' ranges and signs."""
+    proj = int8_projection(whisper_model.decoder.token_embedding.weight)
+    assert proj is not None
+    torch.manual_seed(0)
+    x = torch.randn(7, 384) * torch.tensor([[0.05], [1.0], [3.0], [9.0], [1.0], [1.0], [0.5]])
+    x[4] = x[4].abs()  # no negative value
+    x[5] = -x[5].abs() - 2.0  # no positive value
+    x[6] = whisper_model.decoder.ln(x[6])
+    with torch.inference_mode():
+        batched = proj(x)
+        alone = torch.cat([proj(r[None]) for r in x])
+    assert torch.equal(batched, alone)
+    exact = x[6] @ whisper_model.decoder.token_embedding.weight.T  # a decoder-like row
+    assert float((batched[6] - exact).abs().amax() / exact.abs().amax()) < 0.15  # approximate; _pick re-scores

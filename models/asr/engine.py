@@ -159,11 +159,13 @@ class WhisperEngine:
             num_frames = min(num_frames, mel.shape[-1])
             with self.lock, torch.inference_mode():
                 feats = self.encoder(mel.unsqueeze(0))
-                text, probs, layers, first_row, no_speech, avg_lp = self._decode_tokens(
+                text, probs, layers, first_row, sot_row, avg_lp = self._decode_tokens(
                     feats, prefix_tokens, prompt, dur, draft_tokens, expect_words
                 )
-                if not prefix_tokens and no_speech > 0.6 and avg_lp < -1.0:
-                    return []  # Whisper's own no-speech rule
+                # Whisper's own no-speech rule (judged only without a prefix). Its probability
+                # takes an fp32 projection (80 MB of weights): only made when the text is unsure.
+                if sot_row is not None and avg_lp < -1.0 and self._no_speech(sot_row) > 0.6:
+                    return []
                 words = self._align(layers, first_row, text, probs, num_frames)
         finally:
             torch.set_num_threads(prev_threads)
@@ -174,16 +176,18 @@ class WhisperEngine:
             n_keep -= 1
         return words[:n_keep]
 
-    def _approx_logits(self, row: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits of one hidden state from an int8 copy of the embedding (much cheaper).
+    def _approx_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits of hidden states (rows, state) from an int8 copy of the embedding.
 
         The fp32 projection reads 80 MB of weights per sampled token; :meth:`_pick` re-scores
-        the best candidates exactly, so greedy choices do not depend on the int8 error. Rows are
-        projected one at a time, only when the greedy loop reaches them.
+        the best candidates exactly, so greedy choices do not depend on the int8 error. Each
+        row comes out as if projected alone (:class:`models.int8.RowwiseDynamicInt8`), so a
+        token's logits do not depend on which rows were verified with it.
         """
         if self._proj_q is None:
-            return row @ self.model.decoder.token_embedding.weight.T
-        return self._proj_q(row[None])[0]
+            emb = self.model.decoder.token_embedding.weight
+            return torch.stack([row @ emb.T for row in rows])
+        return self._proj_q(rows)
 
     def _pick(self, hrow: torch.Tensor, approx: torch.Tensor, blank: bool, no_eot: bool = False,
               ) -> tuple[int, float, float]:
@@ -208,6 +212,11 @@ class WhisperEngine:
         p_same = sum(p for c, p in zip(top.tolist(), p_top, strict=True) if spelled and self._spelling(c) == spelled)
         return best, lp, max(p_same, float(np.exp(lp)))
 
+    def _no_speech(self, sot_row: torch.Tensor) -> float:
+        """Whisper's no-speech probability, from the hidden state of ``<|startoftranscript|>``."""
+        emb = self.model.decoder.token_embedding.weight
+        return float((sot_row @ emb.T).float().softmax(-1)[self.tokenizer.no_speech])
+
     def _starts_word(self, token: int) -> bool:
         """The token opens a new word (a leading space and a letter or digit), not punctuation."""
         return bool(self._spelling(token)) and self.tokenizer.decode([token]).startswith(" ")
@@ -227,11 +236,15 @@ class WhisperEngine:
         ``draft_tokens`` (the previous hypothesis) are fed with the prefix in one forward pass and
         verified greedily from the logits of that pass: accepted tokens cost no sequential step,
         and at the first mismatch the cache is cut back and greedy decoding goes on from there.
-        The result is the plain greedy decode; only the number of weight reads changes.
+        Each later token is fed with a guess of the tokens after it (:func:`_guess`), verified
+        the same way; those rows are computed as one-token steps compute them (``rowwise``), so
+        a guess changes nothing but the number of weight reads. The result is the plain greedy
+        decode.
 
         Returns text tokens (prefix + new), their probabilities (1.0 for the forced prefix), the
         per-layer cross-attention logits of every fed position, the row of ``<|notimestamps|>``,
-        the no-speech probability and the mean log-probability of the new tokens.
+        the hidden state of ``<|startoftranscript|>`` without a prefix (else None: no-speech is
+        only judged without one) and the mean log-probability of the new tokens.
         """
         tok = self.tokenizer
         initial: list[int] = []
@@ -242,25 +255,22 @@ class WhisperEngine:
         tokens = initial + prefix_tokens
         budget = min(int(dur * 8) + 8, self.n_text_ctx // 2, self.n_text_ctx - len(tokens) - 1)
         draft = list(draft_tokens)[: max(budget, 0)]
-        emb = self.model.decoder.token_embedding.weight
         state = DecoderPass(self.model.decoder, feats, max_len=len(tokens) + max(budget, 0) + 1,
                             blocks=self.decoder_blocks)
         out: list[int] = []
         probs: list[float] = []
         sum_lp = 0.0
         n0 = len(tokens)
-        no_speech = 0.0
         h = state.feed(tokens + draft)
-        rows = h[n0 - 1 :]  # hidden states that predict draft[0], ..., draft[-1], the next
-        if not prefix_tokens:  # no-speech is only judged without a prefix
-            no_speech = float((h[sot_index] @ emb.T).float().softmax(-1)[tok.no_speech])
-        hrow = rows[0]
-        step = self._approx_logits(hrow)
-        in_draft = True
+        sot_row = None if prefix_tokens else h[sot_index]
+        ahead = draft  # tokens fed past the text, to verify: rows[k] predicts ahead[k] (and rows[-1] the next)
+        rows = h[n0 - 1 :]
+        logits = self._approx_logits(rows)
+        j = 0  # the row the next token is picked from
         word_started = not expect_words
         for i in range(max(budget, 0)):
             hold = not word_started and i < 3  # expected speech: the text may not end yet
-            nxt, lp, p_spelled = self._pick(hrow, step, blank=i == 0 and not prefix_tokens, no_eot=hold)
+            nxt, lp, p_spelled = self._pick(rows[j], logits[j], blank=i == 0 and not prefix_tokens, no_eot=hold)
             if nxt == tok.eot:
                 break
             word_started = word_started or self._starts_word(nxt)
@@ -271,19 +281,19 @@ class WhisperEngine:
             if keep < len(out):
                 del out[max(keep, 0) :], probs[max(keep, 0) :]
                 break
-            if in_draft and i < len(draft) and nxt == draft[i]:
-                hrow = rows[i + 1]  # computed in the batched pass; projected only when reached
-                step = self._approx_logits(hrow)
+            if j < len(ahead) and nxt == ahead[j]:
+                j += 1  # verified: its successor's row was computed with it
                 continue
-            if in_draft:  # leave the draft: forget what was fed past the accepted tokens
-                in_draft = False
-                state.truncate(n0 + i)
-            hrow = state.feed([nxt])[-1]
-            step = self._approx_logits(hrow)
+            # Forget what was fed past the verified tokens; feed this token with a guess of what follows.
+            state.truncate(n0 + i)
+            ahead = _before_cut(prefix_tokens + out, _guess(prefix_tokens + out, min(_GUESS, budget - i - 1)))
+            rows = state.feed([nxt, *ahead], rowwise=True)
+            logits = self._approx_logits(rows)
+            j = 0
         layers = state.cross_attention()  # each (heads, fed positions, frames)
         text = prefix_tokens + out
         token_probs = [1.0] * len(prefix_tokens) + probs
-        return text, token_probs, layers, len(initial) - 1, no_speech, sum_lp / max(len(out), 1)
+        return text, token_probs, layers, len(initial) - 1, sot_row, sum_lp / max(len(out), 1)
 
     def _align(
         self, layers: list[torch.Tensor], first_row: int, text_tokens: list[int], token_probs: list[float],
@@ -323,6 +333,34 @@ class WhisperEngine:
 
 
 _RESCORE = 8  # candidates re-scored in fp32 after the int8 vocabulary projection
+_GUESS = 6  # tokens guessed ahead after a sampled token (verified in the same decoder pass)
+
+
+def _guess(tokens: list[int], n: int) -> list[int]:
+    """The ``n`` tokens that followed the last token's previous occurrence, continued periodically
+    when that run reaches the end (``a b c a`` -> ``b c a b ...``); [] when it has none.
+
+    tiny.en often says again what it just said: at the end of a partial window it loops (a word
+    or a full stop four times, which :func:`_loop_cut` then cuts) or repeats the forced prefix.
+    """
+    last = len(tokens) - 1
+    if n <= 0 or last < 1:
+        return []
+    try:
+        at = last - 1 - tokens[last - 1 :: -1].index(tokens[last])
+    except ValueError:
+        return []
+    period = last - at
+    return [tokens[at + 1 + k % period] for k in range(n)]
+
+
+def _before_cut(tokens: list[int], guess: list[int]) -> list[int]:
+    """``guess`` up to the token before the one that would make ``tokens`` a loop: decoding stops
+    at that token, so no row after it is read."""
+    for m in range(1, len(guess) + 1):
+        if _loop_cut(tokens + guess[:m]) < len(tokens) + m:
+            return guess[: m - 1]
+    return guess
 
 
 def _loop_cut(tokens: list[int]) -> int:
