@@ -122,7 +122,7 @@ def detect_clicks(samples: np.ndarray, t0: float = 0.0) -> list[float]:
     return onsets
 
 
-class _ClickStream:
+class ClickStream:
     """Click detection over audio arriving in chunks, keeping only a few bursts' worth of samples.
 
     Each lag (burst start) is checked once, by :func:`_click_candidates`, when its window is complete;

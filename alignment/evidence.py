@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from alignment.clicks import _ClickStream
+from alignment.clicks import ClickStream
 from alignment.types import SAMPLE_RATE, AudioChunk, VideoFrame
 
 FLASH_PATCH_FRACTION = 1 / 8  # of the frame height
@@ -323,7 +323,7 @@ class AVOffsetEstimator:
         self.max_pair_s = max_pair_s
         self.lip_min_confidence = lip_min_confidence
         self._audio = _AudioRing(int(round((window_s + max_lag_s) * SAMPLE_RATE)))
-        self._clicks = _ClickStream()
+        self._clicks = ClickStream()
         self._flashes = _FlashStream()
         self._frames: deque[VisualObservation] = deque(maxlen=max_frames or int(window_s * 60))
         self._open_clicks: deque[float] = deque(maxlen=16)

@@ -100,12 +100,12 @@ def test_click_stream_checks_each_lag_once_and_finds_what_a_full_scan_finds(monk
     def run() -> list[list[float]]:
         out = []
         for timed in streams:
-            stream = clicks._ClickStream()
+            stream = clicks.ClickStream()
             out.append([o for t, c in timed for o in stream.push(t, c)])
         return out
 
     found = run()
-    monkeypatch.setattr(clicks._ClickStream, "_may_hold", lambda self, old: True)
+    monkeypatch.setattr(clicks.ClickStream, "_may_hold", lambda self, old: True)
     assert run() == found
     assert sum(map(len, found)) >= 30
 
