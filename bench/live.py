@@ -117,11 +117,7 @@ async def run_session(base: str, clip: testmedia.AVClip, settle_s: float = 4.0) 
 def onset_errors_ms(clip: testmedia.AVClip, finals: list[tuple[str, float]]) -> np.ndarray:
     """Signed start errors (ms) of final words ``(text, start)``, in start order, matched by text to
     the clip's words (no clock-lag correction: the session clock must itself be right)."""
-    spoken = [dictionary_form(w.text) for w in clip.words]
-    heard = [dictionary_form(t) for t, _ in finals]
-    return np.array([1000 * (finals[b.b + i][1] - clip.words[b.a + i].start)
-                     for b in difflib.SequenceMatcher(a=spoken, b=heard, autojunk=False).get_matching_blocks()
-                     for i in range(b.size)])
+    return np.array([e for _, e in per_word_errors(clip, finals) if e is not None])
 
 
 def per_word_errors(clip: testmedia.AVClip, finals: list[tuple[str, float]]) -> list[tuple[str, float | None]]:

@@ -70,6 +70,7 @@ class RowInt8Linear(torch.nn.Module):
             y.add_(self.bias)
         return y if flat else y.reshape(*shape[:-1], self.out_features)
 
+
 def _dynamic_int8(linear: torch.nn.Linear) -> torch.nn.Module:
     plain = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
     plain.load_state_dict(linear.state_dict())

@@ -43,7 +43,6 @@ __all__ = ["EXIT_BAD_INPUT", "EXIT_ERROR", "EXIT_OK", "EXIT_PARTIAL", "AnalyzeOp
 T = TypeVar("T")
 
 
-
 @dataclass(frozen=True)
 class AnalyzeOptions:
     """What to run and where to write it."""
