@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -210,20 +211,27 @@ async def test_two_streams_on_one_worker_both_complete(whisper_model, lanes):
     worker.stop()
 
 
-async def _run_streams(worker: ASRWorker, clips: dict[str, np.ndarray]) -> dict[str, list]:
-    """Push each clip into its own stream of ``worker`` in 20 ms chunks, close, collect every event."""
+async def _run_streams(worker: ASRWorker, clips: dict[str, np.ndarray], paced: bool = False) -> dict[str, list]:
+    """Push each clip into its own stream of ``worker`` in 20 ms chunks, close, collect every event.
+    ``paced``: push a chunk only once the lanes have taken the one before, so every turn is one
+    chunk and two workers decode the same windows however fast their lanes are (otherwise a turn
+    holds whatever audio queued while its lane was busy, and the decodes follow the machine's load)."""
     streams = {sid: worker.open(sid) for sid in clips}
 
     async def collect(sid: str) -> list:
         return [ev async for ev in streams[sid].events()]
 
     tasks = {sid: asyncio.create_task(collect(sid)) for sid in clips}
+    deadline = time.monotonic() + 180
     for k in range(max(len(x) for x in clips.values()) // CHUNK + 1):
         for sid, audio in clips.items():
             seg = audio[k * CHUNK : (k + 1) * CHUNK]
             if seg.size:
                 streams[sid].push(AudioChunk(k * CHUNK / SAMPLE_RATE, seg))
         await asyncio.sleep(0)
+        while paced and any(s.queued_chunks for s in streams.values()):
+            assert time.monotonic() < deadline, "the lanes stopped taking audio"
+            await asyncio.sleep(0.002)
     for s in streams.values():
         s.close()
     return {sid: await asyncio.wait_for(t, 180) for sid, t in tasks.items()}
@@ -239,7 +247,7 @@ async def test_process_lanes_give_the_thread_lanes_finals(whisper_model):
     procs = ASRWorker(max_queue_s=30.0, lanes=2, processes=True)
     try:
         assert procs.warmup() > 0 and len(procs.processes) == 2
-        got = await _run_streams(procs, clips)
+        got = await _run_streams(procs, clips, paced=True)
         assert procs.stats().decodes > 0 and procs.stats().streams == 0
         # A lane process that dies is started again: the turn it had fails, later streams get words.
         lane = procs.processes[0]
@@ -254,7 +262,7 @@ async def test_process_lanes_give_the_thread_lanes_finals(whisper_model):
         procs.stop()
     threads = ASRWorker(model=whisper_model, max_queue_s=30.0, lanes=1)
     try:
-        want = await _run_streams(threads, clips)
+        want = await _run_streams(threads, clips, paced=True)
     finally:
         threads.stop()
 
