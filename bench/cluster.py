@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,19 @@ def peer_row(peer: dict[str, Any]) -> dict[str, Any]:
     return {"peer": peer["index"], "node": parts[-2] if len(parts) >= 2 and parts[-3:-2] == ["whip"] else None,
             "connected": bool(peer.get("connected")), "error": peer.get("error"),
             "p95_ms": lat.get("latency_ms_p95"), "level3": l3.get("pass_rate"),
-            "last_video_s": len(peer.get("frames_per_s") or []), "run_s": peer.get("run_s")}
+            "last_video_s": len(peer.get("frames_per_s") or []), "run_s": peer.get("run_s"),
+            "level3_failed": l3.get("failed") or []}
 
 
 def within_bounds(row: dict[str, Any]) -> bool:
     return (row["connected"] and not row["error"] and row["p95_ms"] is not None and row["p95_ms"] <= P95_BOUND_MS
             and row["level3"] is not None and row["level3"] >= L3_BOUND)
+
+
+def failures(row: dict[str, Any]) -> str:
+    """Why a session's Level-3 checks failed (``app.loadtest.metrics.failed_check``), or nothing."""
+    whys = Counter(f["why"] for f in row["level3_failed"])
+    return f" (failed: {', '.join(f'{k} ×{v}' for k, v in sorted(whys.items()))})" if whys else ""
 
 
 def verdict(name: str, ok: bool, detail: str) -> bool:
@@ -108,7 +116,7 @@ def single_phase(per_node: int, duration_s: float, cores: set[int] | None, out: 
         rows = [peer_row(p) for p in rnd["peers"]]
         out["single"][n] = {"rows": rows, "load_avg": rnd["load_avg"], "aggregate": _brief(rnd["aggregate"])}
         for r in rows:
-            print(f"    {n} peer(s), peer {r['peer']}: p95 {r['p95_ms']} ms, Level-3 {r['level3']}"
+            print(f"    {n} peer(s), peer {r['peer']}: p95 {r['p95_ms']} ms, Level-3 {r['level3']}{failures(r)}"
                   f"  (load {rnd['load_avg']})")
     rows = out["single"][per_node]["rows"]
     return verdict(f"single server, {per_node} peer(s): every session within bounds",
@@ -158,7 +166,7 @@ async def spread_phase(url: str, client: httpx.AsyncClient, args: argparse.Names
     out["spread"] = {"rows": rows, "load_avg": rnd["load_avg"], "sessions_started_by_node": started,
                      "aggregate": _brief(rnd["aggregate"])}
     for r in rows:
-        print(f"    peer {r['peer']} on node {r['node']}: p95 {r['p95_ms']} ms, Level-3 {r['level3']}"
+        print(f"    peer {r['peer']} on node {r['node']}: p95 {r['p95_ms']} ms, Level-3 {r['level3']}{failures(r)}"
               f"  (load {rnd['load_avg']})")
     ok = verdict("every peer connected", all(r["connected"] and not r["error"] for r in rows), f"{len(rows)} peers")
     ok &= verdict("sessions on both nodes (ingress /metrics)", len(started) == 2 and all(v >= 1 for v in
@@ -194,7 +202,7 @@ async def removal_phase(url: str, client: httpx.AsyncClient, cluster: Any, args:
     print(f"    removed node {victim}: the ingress stopped placing there after {stopped_s} s, lost after {lost_s} s")
     for r in rows:
         print(f"    peer {r['peer']} on node {r['node']}{' (removed)' if r['node'] == victim else ''}: "
-              f"p95 {r['p95_ms']} ms, Level-3 {r['level3']}, last video at {r['last_video_s']} s of {r['run_s']} s,"
+              f"p95 {r['p95_ms']} ms, Level-3 {r['level3']}{failures(r)}, last video at {r['last_video_s']} s of {r['run_s']} s,"
               f" error {r['error']!r}  (load {rnd['load_avg']})")
     after = await asyncio.to_thread(run_peers, url, args.per_node, 10.0, 4)
     after_rows = [peer_row(p) for p in after["peers"]]

@@ -103,6 +103,20 @@ def test_level3_flags_evidence_offsets_only():
     late = lm.level3([sync(148, False), sync(155, False), sync(151, False)])
     assert late["flagged"] and late["video_minus_audio_ms_p50"] == pytest.approx(151.0)
     assert not lm.level3([])["flagged"]
+    assert [f["why"] for f in clean["failed"]] == ["delta"] and len(late["failed"]) == 3
+
+
+def test_level3_says_why_each_check_failed():
+    base = {"type": "sync", "token": "w", "audio": 2.0, "video": 2.0, "evidence": "markers"}
+    late = {**base, "text": 2.4, "max_delta_ms": 400.0, "ok": False}
+    unplaced = {**base, "text": None, "max_delta_ms": None, "ok": False}
+    off_onset = {**base, "text": 2.01, "max_delta_ms": 10.0, "audio_error_ms": -90.0, "ok": False}
+    shown_off = {**base, "video": 2.08, "text": 2.0, "max_delta_ms": 80.0, "ok": False}
+    passed = {**base, "text": 2.0, "max_delta_ms": 0.0, "ok": True}
+    failed = lm.level3([late, unplaced, passed, off_onset, shown_off])["failed"]
+    assert [f["why"] for f in failed] == ["late", "no_frame", "onset", "delta"]
+    assert failed[2]["audio_error_ms"] == -90.0
+    assert len(lm.level3([late] * 50)["failed"]) == lm.FAILED_KEPT
 
 
 def test_flash_lags_pair_each_click_with_the_next_flash():

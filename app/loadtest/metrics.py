@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from alignment.rounding import round_or_none, to_ms
-from alignment.sync import FLAG_THRESHOLD_MS
+from alignment.sync import FLAG_THRESHOLD_MS, TOLERANCE_MS
 from alignment.text import dictionary_form as normalise  # how token text is compared to the script
 from alignment.types import SAMPLE_RATE
 
@@ -274,7 +274,31 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "onset_checks": len(onset_err),
         "onset_failed": sum(not bool(s.get("ok")) for s in onset_checked),
         "onset_error_ms_p50": round_or_none(quantile(onset_err, 0.5), 2),
+        # Why checks failed, so a report can tell a late caption from a misplaced word.
+        "failed": [failed_check(s) for s in syncs if not s.get("ok")][:FAILED_KEPT],
     }
+
+
+#: How many failed checks a peer's report keeps (its first ones).
+FAILED_KEPT = 20
+
+
+def failed_check(sync: dict[str, Any]) -> dict[str, Any]:
+    """One failed ``sync`` event, with ``why``: ``no_frame`` (no frame carried the word), ``late`` (its
+    caption's first frame came over the tolerance after the word: the final came after the word's own
+    frames were sent), ``onset`` (the word's time is off its acoustic onset), else ``delta`` (the
+    evidence put the video over the tolerance off the audio)."""
+    audio, text, delta = sync.get("audio"), sync.get("text"), sync.get("max_delta_ms")
+    if not isinstance(text, (int, float)):
+        why = "no_frame"
+    elif isinstance(audio, (int, float)) and (text - audio) * 1000.0 > TOLERANCE_MS:
+        why = "late"
+    elif isinstance(delta, (int, float)) and delta <= TOLERANCE_MS:
+        why = "onset"
+    else:
+        why = "delta"
+    return {"why": why, "token": sync.get("token"), "audio": audio, "text": text, "max_delta_ms": delta,
+            "audio_error_ms": sync.get("audio_error_ms"), "evidence": sync.get("evidence")}
 
 
 def flash_lags(
