@@ -202,7 +202,8 @@ async def removal_phase(url: str, client: httpx.AsyncClient, cluster: Any, args:
     print(f"    removed node {victim}: the ingress stopped placing there after {stopped_s} s, lost after {lost_s} s")
     for r in rows:
         print(f"    peer {r['peer']} on node {r['node']}{' (removed)' if r['node'] == victim else ''}: "
-              f"p95 {r['p95_ms']} ms, Level-3 {r['level3']}{failures(r)}, last video at {r['last_video_s']} s of {r['run_s']} s,"
+              f"p95 {r['p95_ms']} ms, Level-3 {r['level3']}{failures(r)}, "
+              f"last video at {r['last_video_s']} s of {r['run_s']} s,"
               f" error {r['error']!r}  (load {rnd['load_avg']})")
     after = await asyncio.to_thread(run_peers, url, args.per_node, 10.0, 4)
     after_rows = [peer_row(p) for p in after["peers"]]

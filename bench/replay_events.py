@@ -12,10 +12,11 @@ How it is made deterministic (media time, not wall clock):
   audio and video pts are exactly the clip's media times;
 * audio (20 ms frames) and video (25 fps) are released one frame at a time in media-time order
   (audio first on a tie), and the next frame only goes out when the session is quiet: the frame
-  has been read, the ASR worker has fed it (one 20 ms chunk per feed, so the decode schedule is
-  a function of the audio alone) and its events have been handled, the AU thread has taken the
-  camera frame (nothing is lost to the latest-wins mailbox) and, when its pts-based frame-rate
-  limiter takes it, emitted its ``au`` / ``load``; and no response is being streamed;
+  has been read, the ASR worker has fed it or holds it (one 20 ms chunk per feed, held ones
+  included, so the decode schedule is a function of the audio alone) and its events have been
+  handled, the AU thread has taken the camera frame (nothing is lost to the latest-wins mailbox)
+  and, when its pts-based frame-rate limiter takes it, emitted its ``au`` / ``load``; and no
+  response is being streamed;
 * the sync stage refreshes its A/V offset estimate at most once per wall second: the next audio
   frame is held until 1.05 s after the last ``sync`` event, so every batch of final words
   refreshes it (finals of one ASR batch are checked in one loop turn and share it);
@@ -36,7 +37,7 @@ clock measurements named in ``WALL_CLOCK_FIELDS``, whose values become ``"~"`` (
 
 Seams it leans on (private names; if a refactor renames them this bench fails loudly, it does not
 pass silently): ``Session.faces.frame_waiting`` (the AU mailbox), ``ASRWorker._cond`` / ``_streams`` and
-``ASRStream._chunks`` / ``busy`` / ``_events``; plus ``Session.hook`` / ``attach`` /
+``ASRStream.settled`` / ``_events``; plus ``Session.hook`` / ``attach`` /
 ``running_tasks`` / ``clock`` and the peer connection's ``track`` / ``datachannel`` events.
 
 Usage::
@@ -211,10 +212,10 @@ async def _until(pred: Callable[[], bool], what: str) -> None:
 
 
 def _asr_idle(worker: Any, session_id: str) -> bool:
-    """This session's ASR stream has no audio queued or being fed, and its events were handled."""
+    """This session's ASR stream has no audio due or being fed (only held audio), and its events were handled."""
     with worker._cond:
         s = worker._streams.get(session_id)
-        return s is None or (not s._chunks and not s.busy and s._events.empty())
+        return s is None or (s.settled and s._events.empty())
 
 
 def _responding(session: Any) -> bool:

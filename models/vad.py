@@ -99,6 +99,12 @@ class StreamingVAD:
         """Pts just after the last sample that has been classified."""
         return self._t0 + self._n / SAMPLE_RATE
 
+    @property
+    def silence_start(self) -> float | None:
+        """Where the silence that may end the current speech began (None: none yet); an end event
+        comes once ``pts`` is ``min_silence_s`` past it."""
+        return self._silence_start
+
     def probability(self, window: np.ndarray) -> float:
         """Speech probability of one 512-sample window (advances this stream's state)."""
         x = np.concatenate([self._context, window.reshape(1, WINDOW).astype(np.float32)], axis=1)

@@ -213,6 +213,24 @@ class StreamingASR:
             self._buf.trim_before(self._buf.end - self.config.pre_roll_s)
         return events
 
+    def quiet_until(self) -> float:
+        """The pts before which more audio can neither emit an event nor start a decode.
+
+        Events come only from the VAD (an utterance's start emits none; its end needs
+        ``min_silence_s`` of silence) and from decodes (``step_s`` of heard speech after the last
+        one, or a held word's guard end), and audio is heard no sooner than it is fed. A worker may
+        therefore hold chunks that end before this and feed them later, one at a time, with the
+        same results: it wakes for a stream about once a decode rather than once a 20 ms chunk.
+        """
+        if not self._started:
+            return -float("inf")
+        cfg, eps = self.config, 1e-9
+        if not self._in_utt:  # the earliest start is the next VAD window's, padded back
+            return self._heard - self._vad.config.speech_pad_s + cfg.step_s - eps
+        silence = self._vad.silence_start
+        vad_end = (self._heard if silence is None else silence) + self._vad.config.min_silence_s
+        return min(self._decoded_until + cfg.step_s, self._guard_end, vad_end) - eps
+
     def flush(self) -> list[ASREvent]:
         """End of input: finalise the open utterance, if any."""
         events: list[ASREvent] = []

@@ -49,7 +49,8 @@ class WorkerStats:
     decode_ms_mean: float
     decode_ms_last: float
     events_dropped: int
-    oldest_wait_s: float = 0.0  # how long the oldest audio no lane has taken yet has waited (0: none)
+    oldest_wait_s: float = 0.0  # how long the oldest due audio no lane has taken yet has waited (0: none)
+    turns: int = 0  # lane turns taken (a stream's audio handed to a lane): about one a decode, not one a chunk
 
 
 class ASRStream:
@@ -73,7 +74,13 @@ class ASRStream:
         self.finished = False
         self.busy = False  # a worker lane is feeding it (lanes never feed one stream at once)
         self.lane: int | None = None  # the one lane that may feed it (process lanes keep its state), else any
-        self.waiting_since = float("inf")  # monotonic time its oldest queued audio (or close) arrived
+        # Audio ending before this pts cannot change the recogniser's output (StreamingASR.quiet_until):
+        # it is held, not handed to a lane, until a chunk reaching past it (or a gap, or the close) comes.
+        self.quiet_until = -float("inf")
+        self._arrived: deque[float] = deque()  # when each queued chunk came (monotonic), beside _chunks
+        self._end: float | None = None  # pts just after the last chunk pushed
+        # monotonic time its oldest due audio (or close) arrived; inf: nothing due (nothing queued, or all held)
+        self.waiting_since = float("inf")
 
     # Called on the event loop (or any thread): never blocks.
     def push(self, chunk: AudioChunk) -> None:
@@ -81,16 +88,41 @@ class ASRStream:
         if self.closed:
             raise RuntimeError(f"ASR stream {self.session_id!r} is closed")
         with self._cond:
-            if not self._chunks:
-                self.waiting_since = min(self.waiting_since, time.monotonic())
+            now = time.monotonic()
+            gap = self._end is not None and abs(chunk.pts - self._end) > 0.5 / SAMPLE_RATE
+            self._end = chunk.end
             self._chunks.append(chunk)
+            self._arrived.append(now)
             self._queued_n += len(chunk.samples)
             while self._queued_n > self._max_queue_n and len(self._chunks) > 1:
                 old = self._chunks.popleft()
+                self._arrived.popleft()
                 self._queued_n -= len(old.samples)
                 self.dropped_chunks += 1
                 self._dropped_n += len(old.samples)
-            self._wake()
+            # While a lane feeds it the recogniser's quiet_until moves on: ``recheck`` decides then.
+            if not self.busy and self.waiting_since == float("inf") and (gap or chunk.end >= self.quiet_until):
+                self.waiting_since = now
+                self._wake()
+
+    def _held(self) -> int:
+        """How many queued chunks, from the oldest, end before ``quiet_until`` (under the lock)."""
+        n = 0
+        for c in self._chunks:
+            if c.end >= self.quiet_until:
+                break
+            n += 1
+        return n
+
+    def recheck(self, quiet_until: float) -> None:
+        """After a lane's turn (under the lock): the recogniser's new ``quiet_until``; audio that came
+        meanwhile and reaches past it is due from when it came."""
+        self.quiet_until = quiet_until
+        if self.waiting_since != float("inf"):
+            return
+        held = self._held()
+        if held < len(self._chunks):
+            self.waiting_since = self._arrived[held]
 
     def _wake(self) -> None:
         """Wake a lane (under the lock): any one, or every one when only the pinned lane may take it."""
@@ -135,15 +167,23 @@ class ASRStream:
                 return
             yield ev
 
-    def take(self, max_chunks: int) -> list[AudioChunk]:
-        """The oldest queued chunks, at most ``max_chunks`` (the worker calls it under its lock)."""
+    @property
+    def settled(self) -> bool:
+        """No lane is feeding it and none has audio of it to take: what is queued (if anything) is held."""
+        return not self.busy and self.waiting_since == float("inf")
+
+    def take(self, max_chunks: int) -> tuple[list[AudioChunk], int]:
+        """The oldest queued chunks, at most ``max_chunks``, and how many of them, from the first, were
+        held (the worker calls it under its lock)."""
+        held = self._held()
         out: list[AudioChunk] = []
         while self._chunks and len(out) < max_chunks:
             c = self._chunks.popleft()
+            self._arrived.popleft()
             self._queued_n -= len(c.samples)
             out.append(c)
         self.waiting_since = time.monotonic() if self._chunks or self.closed else float("inf")
-        return out
+        return out, min(held, len(out))
 
     def deliver(self, items: list[ASREvent | None]) -> None:
         """Hand events to the consumer on its event loop (None ends the stream); a full queue
@@ -192,10 +232,14 @@ def join_chunks(run: list[AudioChunk]) -> AudioChunk:
     return AudioChunk(run[0].pts, np.concatenate([np.asarray(c.samples, np.float32) for c in run]))
 
 
-def _feed(asr: StreamingASR, chunks: list[AudioChunk], closing: bool) -> list[ASREvent | None]:
-    """One lane turn of one stream: its queued audio (contiguous runs joined), then its flush if closing."""
+def _feed(asr: StreamingASR, chunks: list[AudioChunk], closing: bool, held: int = 0) -> list[ASREvent | None]:
+    """One lane turn of one stream: the ``held`` chunks one by one (as if each had been fed when it
+    came), then the rest (contiguous runs joined: a stream that fell behind decodes once, not per
+    chunk), then its flush if closing."""
     events: list[ASREvent | None] = []
-    for c in _merge_contiguous(chunks):
+    for c in chunks[:held]:
+        events += asr.feed(c)
+    for c in _merge_contiguous(chunks[held:]):
         events += asr.feed(c)
     if closing:
         events += asr.flush()
@@ -255,17 +299,17 @@ def lane_main(conn: Connection, whisper_path: str | None, config: StreamingConfi
                 warm_stream(engine, config, msg[1])
                 conn.send(("ok",))
                 continue
-            _, sid, chunks, closing, step_s = msg
+            _, sid, chunks, held, closing, step_s = msg
             asr = streams.get(sid)
             if asr is None:
                 asr = streams[sid] = StreamingASR(engine, replace(config, step_s=step_s))
             elif asr.config.step_s != step_s:
                 asr.config = replace(asr.config, step_s=step_s)
             before_n, before_s = asr.decode_count, asr.decode_s
-            events = _feed(asr, chunks, closing)
+            events = _feed(asr, chunks, closing, held)
             if closing:
                 del streams[sid]
-            conn.send(("ok", events, asr.decode_count - before_n, asr.decode_s - before_s))
+            conn.send(("ok", events, asr.decode_count - before_n, asr.decode_s - before_s, asr.quiet_until()))
         except Exception as exc:  # noqa: BLE001 - the parent closes that stream; the lane goes on
             if msg[0] == "job":
                 streams.pop(msg[1], None)
@@ -348,11 +392,12 @@ class ProcessLane:
     def warm_stream(self, speech: np.ndarray) -> None:
         self._call(("warm_stream", speech))
 
-    def run(self, sid: str, chunks: list[AudioChunk], closing: bool, step_s: float,
-            ) -> tuple[list[ASREvent | None], int, float]:
-        """One turn of stream ``sid`` in the child: (events, decodes, decode seconds)."""
-        _, events, n, spent = self._call(("job", sid, chunks, closing, step_s))
-        return events, n, spent
+    def run(self, sid: str, chunks: list[AudioChunk], held: int, closing: bool, step_s: float,
+            ) -> tuple[list[ASREvent | None], int, float, float]:
+        """One turn of stream ``sid`` in the child (``_feed``): (events, decodes, decode seconds, the
+        stream's ``quiet_until`` after it)."""
+        _, events, n, spent, quiet = self._call(("job", sid, chunks, held, closing, step_s))
+        return events, n, spent, quiet
 
     def stop(self) -> None:
         try:
@@ -370,10 +415,14 @@ class ASRWorker:
 
     Each turn takes one session's queued chunks (at most ``max_chunks_per_turn``), feeds them to
     its :class:`StreamingASR` (which decodes at most once per feed), and hands events to that
-    session's asyncio queue on its event loop. With ``lanes`` > 1 each lane is a thread with its
-    own copy of the model (forward passes on one model are serialised), so decodes of different
-    sessions run on separate cores; a session is served by one lane at a time, by whichever is
-    free (the streaming state is engine-independent: the copies hold the same weights).
+    session's asyncio queue on its event loop. Audio that cannot change the recogniser's output
+    (it ends before :meth:`StreamingASR.quiet_until`) is held, not a turn of its own, and fed one
+    chunk at a time with the next turn: the same events, about one turn a decode instead of one
+    per 20 ms chunk (each turn wakes a lane, and a lane process for a pipe round trip).
+    With ``lanes`` > 1 each lane is a thread with its own copy of the model (forward passes on one
+    model are serialised), so decodes of different sessions run on separate cores; a session is
+    served by one lane at a time, by whichever is free (the streaming state is engine-independent:
+    the copies hold the same weights).
 
     ``processes=True``: each lane is a child process (:class:`ProcessLane`, loading ``whisper_path`` or
     the default model) and each stream is pinned, at ``open``, to the lane with the fewest streams
@@ -419,6 +468,7 @@ class ASRWorker:
         self._cond = threading.Condition()
         self._stop = False
         self._decodes = 0
+        self._turns = 0
         self._decode_s = 0.0
         self._closed_drops = (0, 0, 0)  # chunks, samples, events dropped by streams now closed
         self._last_ms = 0.0
@@ -502,8 +552,9 @@ class ASRWorker:
                 decode_ms_mean=round(1000 * self._decode_s / max(self._decodes, 1), 2),
                 decode_ms_last=round(self._last_ms, 2),
                 events_dropped=self._closed_drops[2] + sum(s.events_dropped for s in streams),
-                oldest_wait_s=max((time.monotonic() - s.waiting_since for s in streams if s.queued_chunks),
-                                  default=0.0),
+                oldest_wait_s=max((time.monotonic() - s.waiting_since for s in streams
+                                   if s.queued_chunks and s.waiting_since != float("inf")), default=0.0),
+                turns=self._turns,
             )
 
     def stop(self) -> None:
@@ -519,14 +570,14 @@ class ASRWorker:
         for s in list(self._streams.values()):
             s.deliver([None])
 
-    def _next(self, lane: int) -> tuple[ASRStream, list[AudioChunk], bool] | None:
+    def _next(self, lane: int) -> tuple[ASRStream, list[AudioChunk], int, bool] | None:
         """Earliest deadline first: the free session whose audio (or close) has waited longest,
         ties in round-robin order (under the lock): the session that has waited longest is the one
         whose words are latest, which plain round-robin ignores. Streams pinned to another lane are skipped."""
         best: ASRStream | None = None
         for sid in self._order:
             s = self._streams[sid]
-            if s.busy or not (s.queued_chunks or (s.closed and not s.finished)):
+            if s.busy or s.waiting_since == float("inf"):  # nothing due: nothing queued, or only held audio
                 continue
             if s.lane is not None and s.lane != lane:
                 continue
@@ -537,9 +588,11 @@ class ASRWorker:
         self._order.remove(best.session_id)
         self._order.append(best.session_id)
         best.busy = True
+        self._turns += 1
         if best.queued_chunks:
-            return best, best.take(self.max_chunks_per_turn), False
-        return best, [], True
+            chunks, held = best.take(self.max_chunks_per_turn)
+            return best, chunks, held, False
+        return best, [], 0, True
 
     def _run(self, lane: int) -> None:
         process = self.processes[lane] if self.processes else None
@@ -555,16 +608,19 @@ class ASRWorker:
                 if self._stop:
                     return
             assert job is not None
-            stream, chunks, closing = job
+            stream, chunks, held, closing = job
+            quiet = -float("inf")
             try:
                 events: list[ASREvent | None]
                 if process is not None:
-                    events, n, spent = process.run(stream.session_id, chunks, closing, stream.asr.config.step_s)
+                    events, n, spent, quiet = process.run(stream.session_id, chunks, held, closing,
+                                                          stream.asr.config.step_s)
                 else:
                     stream.asr.engine = engine
                     before_n, before_s = stream.asr.decode_count, stream.asr.decode_s
-                    events = _feed(stream.asr, chunks, closing)
+                    events = _feed(stream.asr, chunks, closing, held)
                     n, spent = stream.asr.decode_count - before_n, stream.asr.decode_s - before_s
+                    quiet = stream.asr.quiet_until()
                 if n:
                     with self._cond:
                         self._decodes += n
@@ -587,4 +643,5 @@ class ASRWorker:
                 stream.deliver(events)
             with self._cond:
                 stream.busy = False
+                stream.recheck(quiet)
                 self._cond.notify_all()  # another lane may be waiting for this stream's audio
