@@ -284,14 +284,25 @@ def cache_word_timing_dtw() -> bool:
     """openai-whisper's word-timing DTW with numba's on-disk cache (once per process; False if numba
     refuses). openai-whisper compiles it at its first call in every process, ~2.4 s, and every ASR
     lane process and each offline run paid that before its first words; cached, only the first
-    process on a machine compiles it. Same functions, same numba options plus ``cache``."""
+    process on a machine compiles it.
+
+    Compiled serial: openai-whisper asks for ``parallel=True``, but its DTW has no parallel loop,
+    only two array set-ups numba then splits over a thread per core, and those threads spin-wait
+    for the next call. A streaming lane runs it every decode: the spinning cost a lane ~90 CPU-ms per
+    second of speech (on 2 cores), for the same numbers. Under its own name, so numba's cache
+    (which keys on the name, not the options) never hands back the parallel build."""
+    import types
+
     import numba
     import whisper.timing as wt
 
     try:
         # backtrace first: dtw_cpu calls it through the module's globals when it compiles.
         wt.backtrace = numba.jit(nopython=True, cache=True)(wt.backtrace.py_func)
-        wt.dtw_cpu = numba.jit(nopython=True, parallel=True, cache=True)(wt.dtw_cpu.py_func)
+        source = wt.dtw_cpu.py_func
+        serial = types.FunctionType(source.__code__, source.__globals__, "dtw_cpu_serial")
+        serial.__qualname__ = "dtw_cpu_serial"
+        wt.dtw_cpu = numba.jit(nopython=True, cache=True)(serial)
     except Exception as exc:  # noqa: BLE001 - an older or newer openai-whisper: keep its own
         log.info("whisper: word-timing DTW left uncached: %s", exc)
         return False

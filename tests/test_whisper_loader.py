@@ -77,3 +77,18 @@ def test_mel_context_is_even_and_bounded():
     assert mel_for(audio, 1.5).shape == (80, 150)
     assert mel_for(audio, None).shape == (80, 3000)
     assert mel_for(np.zeros(40 * 16_000, np.float32), 1.0).shape == (80, 3000)
+
+
+def test_word_timing_dtw_runs_serial_with_the_same_path(whisper_model):
+    """openai-whisper's DTW is compiled without ``parallel`` (its spare threads spun in every ASR
+    lane), and finds the same path as the parallel build on the same costs."""
+    import numba
+    import whisper.timing as wt
+
+    assert whisper_loader.cache_word_timing_dtw()
+    assert not wt.dtw_cpu.targetoptions.get("parallel")
+    parallel = numba.jit(nopython=True, parallel=True)(wt.dtw_cpu.py_func)
+    rng = np.random.default_rng(7)
+    for shape in ((12, 40), (30, 150), (1, 5)):
+        x = rng.standard_normal(shape).astype(np.float64)
+        assert np.array_equal(wt.dtw_cpu(x), parallel(x)), shape
