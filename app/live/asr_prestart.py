@@ -46,7 +46,7 @@ def take_started_lanes(whisper_path: str | None, n: int) -> list[tuple[Connectio
 
 
 def _default_lane(conn: Connection, whisper_path: str | None) -> None:
+    from models.asr.lanes import lane_main
     from models.asr.streaming import StreamingConfig
-    from models.asr.worker import lane_main
 
     lane_main(conn, whisper_path, StreamingConfig())

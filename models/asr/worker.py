@@ -16,12 +16,10 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 import numpy as np
 from whisper.model import Whisper
@@ -29,9 +27,9 @@ from whisper.model import Whisper
 from alignment.espeak import EspeakUnavailable, synthesize_speech
 from alignment.forced import warm_this_thread
 from alignment.types import SAMPLE_RATE, AudioChunk
-from models.asr.engine import DecodedWord, Engine, WhisperEngine, get_engine
+from models.asr.engine import Engine, WhisperEngine, get_engine
+from models.asr.lanes import InLaneProcesses, ProcessLane, feed_turn, on_each_lane, warm_stream
 from models.asr.streaming import ASREvent, StreamingASR, StreamingConfig
-from models.lane_process import name_process, spawn_lane
 
 log = logging.getLogger(__name__)
 
@@ -211,205 +209,6 @@ def _engine_copy(engine: Engine) -> Engine:
     return engine  # an unknown engine is shared (its own locking decides)
 
 
-def _merge_contiguous(chunks: list[AudioChunk]) -> list[AudioChunk]:
-    """Join chunks that follow each other without a gap, so a turn decodes once, not per chunk."""
-    out: list[AudioChunk] = []
-    run: list[AudioChunk] = []
-    for c in chunks:
-        if run and abs(c.pts - run[-1].end) > 0.5 / SAMPLE_RATE:
-            out.append(join_chunks(run))
-            run = []
-        run.append(c)
-    if run:
-        out.append(join_chunks(run))
-    return out
-
-
-def join_chunks(run: list[AudioChunk]) -> AudioChunk:
-    """One chunk holding ``run`` (assumed contiguous), starting at the first one's pts."""
-    if len(run) == 1:
-        return run[0]
-    return AudioChunk(run[0].pts, np.concatenate([np.asarray(c.samples, np.float32) for c in run]))
-
-
-def _feed(asr: StreamingASR, chunks: list[AudioChunk], closing: bool, held: int = 0) -> list[ASREvent | None]:
-    """One lane turn of one stream: the ``held`` chunks one by one (as if each had been fed when it
-    came), then the rest (contiguous runs joined: a stream that fell behind decodes once, not per
-    chunk), then its flush if closing."""
-    events: list[ASREvent | None] = []
-    for c in chunks[:held]:
-        events += asr.feed(c)
-    for c in _merge_contiguous(chunks[held:]):
-        events += asr.feed(c)
-    if closing:
-        events += asr.flush()
-        events.append(None)
-    return events
-
-
-#: Warm-up stream: 20 ms chunks, as a WebRTC peer delivers audio, and silence after the speech so
-#: the utterance ends (its finalisation and word timing run too).
-_WARM_CHUNK = 320
-_WARM_TAIL_S = 0.4
-
-
-def warm_stream(engine: Engine, config: StreamingConfig, speech: np.ndarray) -> None:
-    """Run the streaming path once on ``speech`` (VAD, incremental decode, finalisation, word
-    timing with each reference voice) with ``engine``, so no session pays for its first use."""
-    audio = np.concatenate([np.asarray(speech, np.float32), np.zeros(int(_WARM_TAIL_S * SAMPLE_RATE), np.float32)])
-    stream = StreamingASR(engine, config)
-    for i in range(0, len(audio), _WARM_CHUNK):
-        stream.feed(AudioChunk(i / SAMPLE_RATE, audio[i : i + _WARM_CHUNK]))
-    stream.flush()
-
-
-#: A lane process's nice value above the server's: the event loop's RTP and audio work (whose audio the
-#: lanes wait for) then gets its core first when both want one; a decode takes tens of ms, a late packet
-#: holds up every session.
-LANE_NICE = 3
-
-
-def lane_main(conn: Connection, whisper_path: str | None, config: StreamingConfig) -> None:
-    """A process lane's child: one engine, the streams pinned to it, requests answered in order."""
-    import os
-
-    from models.whisper_loader import load_whisper
-
-    name_process("asr-lane")
-    if LANE_NICE > 0 and hasattr(os, "nice"):
-        os.nice(LANE_NICE)
-    engine = get_engine("whisper", load_whisper(whisper_path) if whisper_path else None, int8=config.int8)
-    warm_this_thread()
-    streams: dict[str, StreamingASR] = {}
-    conn.send(("ready",))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        try:
-            if msg[0] == "stop":
-                return
-            if msg[0] == "warmup":
-                t = time.perf_counter()
-                engine.transcribe(msg[1])
-                conn.send(("ok", time.perf_counter() - t))
-                continue
-            if msg[0] == "warm_stream":
-                warm_stream(engine, config, msg[1])
-                conn.send(("ok",))
-                continue
-            _, sid, chunks, held, closing, step_s = msg
-            asr = streams.get(sid)
-            if asr is None:
-                asr = streams[sid] = StreamingASR(engine, replace(config, step_s=step_s))
-            elif asr.config.step_s != step_s:
-                asr.config = replace(asr.config, step_s=step_s)
-            before_n, before_s = asr.decode_count, asr.decode_s
-            events = _feed(asr, chunks, closing, held)
-            if closing:
-                del streams[sid]
-            conn.send(("ok", events, asr.decode_count - before_n, asr.decode_s - before_s, asr.quiet_until()))
-        except Exception as exc:  # noqa: BLE001 - the parent closes that stream; the lane goes on
-            if msg[0] == "job":
-                streams.pop(msg[1], None)
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-
-
-class _InLaneProcesses:
-    """The engine of a worker whose lanes decode in their own processes: the server process's
-    streams keep their settings (the step) and never decode, so no model is loaded there."""
-
-    name = "whisper (in the lane processes)"
-
-    def transcribe(self, audio: np.ndarray, prefix: Sequence[str] = (), prompt: str = "",
-                   draft: Sequence[str] = (), expect_words: bool = False) -> list[DecodedWord]:
-        raise RuntimeError("this worker decodes in its lane processes")
-
-
-def _each(lanes: list[ProcessLane], call: Callable[[ProcessLane], None]) -> None:
-    """``call`` on every lane at once (each lane is its own process: its warm-up need not wait for
-    the others')."""
-    if len(lanes) <= 1:
-        for lane in lanes:
-            call(lane)
-        return
-    with ThreadPoolExecutor(len(lanes), thread_name_prefix="asr-warm") as pool:
-        for done in [pool.submit(call, lane) for lane in lanes]:
-            done.result()
-
-
-class ProcessLane:
-    """A decode lane in a child process (from the fork server: the server's threads must not be forked); the
-    parent's lane thread sends it one stream's turn and blocks, without the lock, for the events.
-    A child that dies (killed, out of memory) is started again: the turn it was running fails (that
-    stream is closed), and the streams pinned to it start over with fresh recogniser state."""
-
-    def __init__(self, whisper_path: str | None, config: StreamingConfig, index: int,
-                 started: tuple[Connection, BaseProcess] | None = None) -> None:
-        self._args = (whisper_path, config)
-        self._name = f"asr-lane-{index}"
-        self._lock = threading.Lock()  # one request in flight (the lane thread; warm-up before it)
-        self.restarts = 0
-        self._ever_ready = False
-        self._broken: str | None = None
-        self._start(started)
-
-    def _start(self, started: tuple[Connection, BaseProcess] | None = None) -> None:
-        """Adopt ``started`` (a child running :func:`lane_main` with these settings), else spawn one."""
-        self._conn, self.proc = started or spawn_lane(lane_main, self._name, *self._args,
-                                                      default_model=self._args[0] is None)
-        self._ready = False
-
-    def _call(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
-        with self._lock:
-            if self._broken is not None:
-                raise RuntimeError(self._broken)
-            try:
-                if not self._ready:
-                    self._conn.recv()  # ("ready",): the model is loaded
-                    self._ready = self._ever_ready = True
-                self._conn.send(msg)
-                reply = self._conn.recv()
-            except (EOFError, OSError) as exc:
-                code = self.proc.exitcode
-                self._conn.close()
-                self.proc.join(timeout=5)
-                if not self._ever_ready:  # it never started (no model, no memory): starting it again would loop
-                    self._broken = f"ASR lane process failed to start (exit code {code})"
-                    raise RuntimeError(self._broken) from exc
-                self.restarts += 1
-                log.error("ASR lane process %s ended (exit code %s); starting it again", self._name, code)
-                self._start()
-                raise RuntimeError(f"ASR lane process ended (exit code {code})") from exc
-        if reply[0] == "error":
-            raise RuntimeError(f"ASR lane process: {reply[1]}")
-        return reply
-
-    def warmup(self, audio: np.ndarray) -> None:
-        self._call(("warmup", audio))
-
-    def warm_stream(self, speech: np.ndarray) -> None:
-        self._call(("warm_stream", speech))
-
-    def run(self, sid: str, chunks: list[AudioChunk], held: int, closing: bool, step_s: float,
-            ) -> tuple[list[ASREvent | None], int, float, float]:
-        """One turn of stream ``sid`` in the child (``_feed``): (events, decodes, decode seconds, the
-        stream's ``quiet_until`` after it)."""
-        _, events, n, spent, quiet = self._call(("job", sid, chunks, held, closing, step_s))
-        return events, n, spent, quiet
-
-    def stop(self) -> None:
-        try:
-            self._conn.send(("stop",))
-        except (OSError, ValueError):
-            pass
-        self.proc.join(timeout=5)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(timeout=5)
-
-
 class ASRWorker:
     """Many sessions on ``lanes`` worker threads, earliest deadline first, bounded queues.
 
@@ -456,7 +255,7 @@ class ASRWorker:
         self.processes: list[ProcessLane] = [ProcessLane(whisper_path, self.config, i, started[i] if i < len(started)
                                                          else None) for i in range(lanes)] if processes else []
         # With process lanes the streams here only hold their state's settings: no model is loaded.
-        self.engine: Engine = _InLaneProcesses() if processes else get_engine(engine, model, int8=self.config.int8)
+        self.engine: Engine = InLaneProcesses() if processes else get_engine(engine, model, int8=self.config.int8)
         self.engines: list[Engine] = [] if processes else [self.engine] + [_engine_copy(self.engine)
                                                                            for _ in range(lanes - 1)]
         self.max_queue_s = max_queue_s
@@ -495,14 +294,14 @@ class ASRWorker:
         t = time.perf_counter()
         for eng in self.engines:
             eng.transcribe(audio)
-        _each(self.processes, lambda lane: lane.warmup(audio))
+        on_each_lane(self.processes, lambda lane: lane.warmup(audio))
         return time.perf_counter() - t
 
     def warm_streams(self, speech: np.ndarray) -> None:
         """Run the streaming path once on ``speech`` where decoding happens: in every lane process
         (each has its own VAD, recogniser and aligners to warm), or here for thread lanes."""
         if self.processes:
-            _each(self.processes, lambda lane: lane.warm_stream(speech))
+            on_each_lane(self.processes, lambda lane: lane.warm_stream(speech))
         else:
             warm_stream(self.engine, self.config, speech)
 
@@ -618,7 +417,7 @@ class ASRWorker:
                 else:
                     stream.asr.engine = engine
                     before_n, before_s = stream.asr.decode_count, stream.asr.decode_s
-                    events = _feed(stream.asr, chunks, closing, held)
+                    events = feed_turn(stream.asr, chunks, closing, held)
                     n, spent = stream.asr.decode_count - before_n, stream.asr.decode_s - before_s
                     quiet = stream.asr.quiet_until()
                 if n:
