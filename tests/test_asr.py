@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import difflib
+import multiprocessing
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -237,14 +239,26 @@ async def _run_streams(worker: ASRWorker, clips: dict[str, np.ndarray], paced: b
     return {sid: await asyncio.wait_for(t, 180) for sid, t in tasks.items()}
 
 
+def _thread_lane_events(sid: str, audio: np.ndarray) -> list:
+    """One stream through a one-thread-lane worker, paced, in this (fresh) process: its events."""
+    async def run() -> list:
+        worker = ASRWorker(max_queue_s=30.0, lanes=1)
+        try:
+            return (await _run_streams(worker, {sid: audio}, paced=True))[sid]
+        finally:
+            worker.stop()
+
+    return asyncio.run(run())
+
+
 async def test_process_lanes_give_the_thread_lanes_finals(whisper_model):
     """Decoding in lane processes (``synchrony serve``'s default) changes where, not what: each stream
     is pinned to its own lane and its final words are the in-process worker's.
 
-    Known fragility: the thread lanes refine word times with this process's espeak-ng, whose output
-    depends by a few samples on what it synthesised before (re-initialising it does not reset that),
-    while the lane processes start fresh. A test placed before this one that synthesised other speech
-    moved the last word's refined end by 89 ms (0.988 vs 0.899 s), with or without held audio."""
+    Each thread-lane reference runs in a fresh process of its own: word-time refinement synthesises
+    with espeak-ng, whose output depends by a few samples on what it synthesised before in the
+    process (re-initialising it does not reset that), and each lane process starts fresh with one
+    stream. In this test process the tests before it moved a refined word end by 89 ms."""
     a = testmedia.synthesize_speech("send the report", lead_in_s=0.3)
     b = testmedia.synthesize_speech("call me at noon", lead_in_s=0.3, voice="en-GB-x-rp")
     tail = np.zeros(int(0.6 * SAMPLE_RATE), np.float32)
@@ -261,15 +275,13 @@ async def test_process_lanes_give_the_thread_lanes_finals(whisper_model):
         with pytest.raises(RuntimeError, match="ended"):
             lane.warmup(clips["a"])
         assert lane.restarts == 1 and lane.proc.is_alive()
-        again = await _run_streams(procs, {"c": clips["a"], "d": clips["b"]})
+        again = await _run_streams(procs, {"c": clips["a"], "d": clips["b"]}, paced=True)
         assert all(any(isinstance(e, WordToken) and e.final for e in evs) for evs in again.values())
     finally:
         procs.stop()
-    threads = ASRWorker(model=whisper_model, max_queue_s=30.0, lanes=1)
-    try:
-        want = await _run_streams(threads, clips, paced=True)
-    finally:
-        threads.stop()
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn, max_tasks_per_child=1) as pool:
+        want = {sid: pool.submit(_thread_lane_events, sid, audio).result(timeout=300) for sid, audio in clips.items()}
 
     def finals(evs: list) -> list[WordToken]:
         return [e for e in evs if isinstance(e, WordToken) and e.final]
@@ -286,7 +298,7 @@ async def test_process_lanes_give_the_thread_lanes_finals(whisper_model):
 
 def test_a_lane_process_that_cannot_start_fails_plainly_and_is_not_restarted():
     """No model (a wrong path): the lane reports why on every call instead of respawning forever."""
-    from models.asr.worker import ProcessLane
+    from models.asr.lanes import ProcessLane
 
     lane = ProcessLane("/nonexistent/tiny.en.pt", StreamingConfig(), 0)
     try:
