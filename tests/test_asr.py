@@ -651,4 +651,14 @@ async def test_the_worker_holds_quiet_audio_and_feeds_it_later_one_chunk_at_a_ti
     assert got == expected and any(isinstance(e, WordToken) and e.final for e in got)
     stats = worker.stats()
     assert stats.turns < 0.4 * len(_chunks(audio)), stats
+    # A chunk the recogniser cannot act on yet waits without counting as backlog (the overload signal).
+    stream = worker.open("s2")
+    first, second = _chunks(np.zeros(2 * CHUNK, np.float32))
+    stream.push(first)  # nothing known yet: due at once
+    deadline = time.monotonic() + 30
+    while not stream.settled:
+        assert time.monotonic() < deadline, "the lane did not take the first chunk"
+        await asyncio.sleep(0.002)
+    stream.push(second)
+    assert stream.settled and stream.queued_chunks == 1 and worker.stats().oldest_wait_s == 0.0
     worker.stop()
