@@ -183,10 +183,26 @@ def test_live_run_two_peers_flags_the_injected_offset(tmp_path):
     assert report["result"]["detection"] == {"offset_ms": 150.0, "flagged": 1, "of": 1, "clean_flagged": 0}
     assert code == config.EXIT_OK
     assert any(s[1] is not None and not math.isnan(s[1]) for s in rnd["cpu"])  # server CPU was sampled
+    # ... and its steady part, while both sessions were live (the server's /readyz), was told apart
+    steady = rnd["aggregate"]["cpu_all_live"]
+    assert steady is not None and 0 < steady["samples"] < len(rnd["cpu"]) and steady["server"] > 0
+    assert max(k for _, k in rnd["sessions"]) == 2
     # The server-measured LST samples came back on the response events and were judged for the round.
     lst = rnd["aggregate"]["lst"]
     assert lst["responses"] == sum(len(p["lst_ttft_ms"]) for p in (clean, late)) > 0
     assert lst["ttft_ms_p99"] is not None and lst["tier"] in ("gold", "silver", "bronze", "none")
+
+
+def test_steady_cpu_is_the_mean_over_the_samples_with_every_session_live():
+    from app.loadtest.cpusampler import steady_cpu
+
+    cpu = [(0.5, 5.0, 180.0, 95.0), (1.5, 120.0, 20.0, 75.0), (2.5, 140.0, 20.0, 85.0), (3.5, 30.0, 10.0, 25.0)]
+    sessions = [(0.4, 0), (1.2, 1), (1.4, 2), (3.2, 1)]  # (t, live) from /readyz, where it changed
+    steady = steady_cpu(cpu, sessions, 2)
+    assert steady is not None and steady["samples"] == 2  # the clip building and the teardown left out
+    assert steady["server"] == 130.0 and steady["clients"] == 20.0
+    assert steady["machine"] == 80.0 * steady["cores"]  # psutil's machine % is of all cores
+    assert steady_cpu(cpu, sessions, 3) is None and steady_cpu(cpu, [], 1) is None
 
 
 def test_require_lst_is_a_round_bound():

@@ -4,6 +4,7 @@ degradation level: the report shows the client's cost next to the server's so th
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import Any
@@ -31,6 +32,7 @@ class CpuSampler:
         self._tree: dict[int, Any] = {}
         self.readyz_url = readyz_url
         self.degradation: list[tuple[float, int]] = []  # (t, level) whenever the level changed
+        self.sessions: list[tuple[float, int]] = []  # (t, live sessions) whenever the count changed
 
     def _tree_percent(self) -> float | None:
         if self.server is None:
@@ -63,14 +65,19 @@ class CpuSampler:
                 self._poll_degradation()
 
     def _poll_degradation(self) -> None:
+        """The server's degradation level and live sessions (``/readyz``), kept where they change."""
         import httpx
 
         try:
-            level = httpx.get(self.readyz_url, timeout=1.0).json().get("degradation", {}).get("level")
+            body = httpx.get(self.readyz_url, timeout=1.0).json()
+            level, live = body.get("degradation", {}).get("level"), body.get("sessions")
         except (httpx.HTTPError, ValueError, AttributeError):
             return
+        t = round(time.monotonic() - self._t0, 1)
         if isinstance(level, int) and (not self.degradation or self.degradation[-1][1] != level):
-            self.degradation.append((round(time.monotonic() - self._t0, 1), level))
+            self.degradation.append((t, level))
+        if isinstance(live, int) and (not self.sessions or self.sessions[-1][1] != live) and len(self.sessions) < 1000:
+            self.sessions.append((t, live))
 
     def add_worker(self, pid: int) -> None:
         with contextlib.suppress(self._psutil.Error):
@@ -86,3 +93,26 @@ class CpuSampler:
         self._stop.set()
         self._thread.join(timeout=5)
         return list(self.samples)
+
+
+
+def steady_cpu(cpu: list[Any], sessions: list[tuple[float, int]], n: int) -> dict[str, Any] | None:
+    """Mean CPU % (100 = one core) of the server's process tree, the load-test workers and the whole
+    machine over the samples taken while at least ``n`` sessions were live (the server's ``/readyz``,
+    polled once a second); None without such a sample.
+
+    The steady part of a round: a mean over the whole round takes in the clips being built before
+    the peers connect and the teardown after, and waters the server's figure down by a third or more.
+    """
+    steady = []
+    for sample in cpu:
+        live = [k for t, k in sessions if t <= sample[0]]
+        if n and live and live[-1] >= n:
+            steady.append(sample)
+    if not steady:
+        return None
+    server = [s[1] for s in steady if s[1] is not None]
+    cores = os.cpu_count() or 1
+    return {"samples": len(steady), "cores": cores, "server": round(sum(server) / len(server), 1) if server else None,
+            "clients": round(sum(s[2] for s in steady) / len(steady), 1),
+            "machine": round(sum(s[3] for s in steady) / len(steady) * cores, 1)}

@@ -53,7 +53,9 @@ def text_summary(report: dict[str, Any]) -> str:
             f"TTFT p50 {a['ttft_ms_p50']} ms, server CPU mean {np.mean(cpu) if cpu else float('nan'):.0f} %, "
             f"client CPU mean {np.mean([s[2] for s in rnd.get('cpu', [])] or [float('nan')]):.0f} % "
             f"({_pct(a.get('client_cpu_per_peer'))} of a core per peer), "
-            f"load avg {rnd.get('load_avg_before', ['?'])[0]}→{rnd.get('load_avg_after', ['?'])[0]}, "
+            + (f"with every session live: server {steady['server']} %, clients {steady['clients']} %, machine "
+               f"{steady['machine']} % of {steady['cores'] * 100} %, " if (steady := a.get("cpu_all_live")) else "")
+            + f"load avg {rnd.get('load_avg_before', ['?'])[0]}→{rnd.get('load_avg_after', ['?'])[0]}, "
             f"connected {a['connected']}/{a['peers']}"
             + (f", refused (503) {len(a['refused'])}" if a.get("refused") else "")
             + (f", degradation level by time {a['degradation']}" if a.get("degradation") else "")

@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from app.loadtest.config import MAX_ROUNDS, PeerSpec, RoundConfig, plan_peers
-from app.loadtest.cpusampler import CpuSampler
+from app.loadtest.cpusampler import CpuSampler, steady_cpu
 from app.loadtest.drive import worker_main
 from app.loadtest.spawn import SpawnedServer, base_url, scrape_lst, scrape_metrics
 from app.loadtest.verdict import L3_BOUND, P95_BOUND_MS, aggregate, client_cpu_per_peer
@@ -75,7 +75,8 @@ def run_round(specs: list[PeerSpec], cfg: RoundConfig, server_pid: int | None) -
     agg = aggregate(results, cfg.min_recall, cfg.allow_refusals, cfg.require_lst)
     agg["client_cpu_per_peer"] = client_cpu_per_peer(results, worker_cpu, setup_cpu)
     agg["degradation"] = sampler.degradation  # [t, level] at each change of the server's degradation level
-    return {"peers": results, "aggregate": agg, "cpu": cpu, "errors": errors,
+    agg["cpu_all_live"] = steady_cpu(cpu, sampler.sessions, agg["connected"])
+    return {"peers": results, "aggregate": agg, "cpu": cpu, "sessions": sampler.sessions, "errors": errors,
             "wall_s": round(wall, 1), "worker_cpu_s": worker_cpu, "worker_setup_cpu_s": setup_cpu}
 
 
