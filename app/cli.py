@@ -45,7 +45,7 @@ def _analyze(args: argparse.Namespace) -> int:
     return code
 
 
-def _server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
+def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
     """The ``ServerConfig`` that ``serve`` runs, and that ``cluster`` runs on every node."""
     return ServerConfig(
         max_sessions=args.max_sessions,
@@ -63,6 +63,7 @@ def _server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
         ui=ui,
         admission=args.admission,
         degrade=not args.no_degrade,
+        shed_steps=args.shed,
         **({"session_cost_cores": args.session_cost} if args.session_cost else {}),
         turn_end_s=args.turn_end_silence,
         turn_unfinished_end_s=args.turn_unfinished_silence,
@@ -73,7 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
     from app.live.reliability import bound_native_memory
 
     bound_native_memory()  # before models load and codec threads start
-    config = _server_config(args)
+    config = server_config(args)
     if config.asr_processes and Stage.ASR in config.stages:
         from app.live.asr_prestart import start_lanes
 
@@ -91,7 +92,7 @@ def _cluster(args: argparse.Namespace) -> int:
     if not 0 <= args.local_nodes <= 8 or args.node_cpus < 1:
         print("synchrony cluster: --local-nodes must be 0..8 and --node-cpus at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    config = RegistryConfig(server=_server_config(args, ui=False), node_host=args.node_host)
+    config = RegistryConfig(server=server_config(args, ui=False), node_host=args.node_host)
     try:
         serve_cluster(args.host, args.port, config, ray_address=args.ray_address, local_nodes=args.local_nodes,
                       node_cpus=args.node_cpus, pin_nodes=args.pin_nodes)
@@ -164,6 +165,10 @@ def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> N
                    help="measured: admit sessions while the measured CPU per session leaves room on the usable "
                    "cores (capped by --max-sessions); fixed: admit --max-sessions")
     p.add_argument("--no-degrade", action="store_true", help="never shed work under overload (docs/WIRE.md)")
+    p.add_argument("--shed", type=int, choices=range(4), default=0, metavar="{0..3}",
+                   help="always take the first N steps of the degradation order (AU rate 16 -> 8/s, returned "
+                        "video at half size, ASR step 0.15 -> 0.3 s): less CPU per session, so more sessions per "
+                        "machine (BENCHMARKS.md, issue 20)")
     p.add_argument("--session-cost", type=float, default=0.0, help="CPU per session (cores) to assume until "
                    "one has been measured (default: the figure measured on a 2-core machine)")
     p.add_argument("--turn-end-silence", type=float, default=0.3,

@@ -18,12 +18,14 @@ CPU (the ASR then decodes larger steps), so figures taken under a load average a
 count understate it; the load average is printed with each figure.
 
 Usage: PYTHONPATH=$PWD python bench/capacity.py [--peers 1] [--duration 30] [--baseline 79fed9e]
+       [--variant '--shed 3']
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -67,11 +69,14 @@ def server_cpu_s(proc: psutil.Process) -> float:
     return total
 
 
-def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    """One spawned server, one round of light peers: CPU per peer (server, per stage, client) and bounds."""
+def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir: Path,
+            extra: list[str] | None = None) -> dict[str, Any]:
+    """One spawned server, one round of light peers: CPU per peer (server, per stage, client) and bounds.
+    ``extra``: more arguments for the server (a ``--variant``)."""
     cli = ((code_dir or ROOT) / "app" / "cli.py").read_text()
     fixed = ["--admission", "fixed", "--no-degrade"] if "--no-degrade" in cli else []  # older trees lack them
-    server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label}.log", fixed, code_dir=code_dir)
+    server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label.replace(' ', '_')}.log",
+                                 fixed + (extra or []), code_dir=code_dir)
     try:
         ready = server.wait_ready()
         proc = psutil.Process(server.proc.pid)
@@ -214,6 +219,9 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--stagger", type=float, default=0.5)
     p.add_argument("--baseline", help="also measure the server of this git commit, first, in the same run")
+    p.add_argument("--variant", action="append", default=[], metavar="ARGS",
+                   help="also measure this tree's server with these extra arguments, after the default one "
+                        "(e.g. --variant='--shed 3'; reported beside it, not judged: not the full pipeline)")
     p.add_argument("--target", type=float, default=SERVER_TARGET_CORES, help="server cores per peer")
     p.add_argument("--out", default="capacity-out")
     p.add_argument("--components", action="store_true", help="only the per-stage before/after figures on CPU "
@@ -233,20 +241,23 @@ def main() -> int:
         if args.baseline:
             runs.append(measure(f"baseline {args.baseline}", baseline_tree(args.baseline, Path(tmp)), args, out_dir))
         runs.append(measure("this tree", None, args, out_dir))
+        for variant in args.variant:
+            runs.append(measure(f"this tree {variant}", None, args, out_dir, shlex.split(variant)))
     print(f"command: PYTHONPATH=$PWD python bench/capacity.py {' '.join(sys.argv[1:])}")
     for r in runs:
         print(f"{r['label']}: server {r['server_cores_per_peer']} cores per peer over {r['peer_seconds']} "
               f"peer-s; client {r['client_cores_per_peer']} cores per peer; p95 word->token {r['p95_ms']} ms, "
               f"Level-3 {r['level3']}, recall {r['recall']}, connected {r['connected']}/{args.peers}; "
               f"load avg {r['load_avg'][0]}→{r['load_avg_after'][0]}; capacity {r['capacity']}")
-    mine = runs[-1]
-    if mine["stages_ms_per_s"]:
-        total = sum(mine["stages_ms_per_s"].values())
-        print("\nper stage, CPU-ms per second of media (one session's share):")
-        print(f"{'stage':<14}{'CPU-ms/s':>10}{'share':>8}")
-        for stage, ms in sorted(mine["stages_ms_per_s"].items(), key=lambda kv: -kv[1]):
-            print(f"{stage:<14}{ms:>10.1f}{ms / total:>8.0%}" if total else f"{stage:<14}{ms:>10.1f}")
-        print(f"{'total':<14}{total:>10.1f}")
+    mine = runs[1 if args.baseline else 0]  # the default server of this tree: what the targets judge
+    for run in runs:
+        if run["stages_ms_per_s"]:
+            total = sum(run["stages_ms_per_s"].values())
+            print(f"\nper stage, CPU-ms per second of media (one session's share), {run['label']}:")
+            print(f"{'stage':<14}{'CPU-ms/s':>10}{'share':>8}")
+            for stage, ms in sorted(run["stages_ms_per_s"].items(), key=lambda kv: -kv[1]):
+                print(f"{stage:<14}{ms:>10.1f}{ms / total:>8.0%}" if total else f"{stage:<14}{ms:>10.1f}")
+            print(f"{'total':<14}{total:>10.1f}")
     checks = {
         f"server CPU per peer <= {args.target} cores": (mine["server_cores_per_peer"] or 9) <= args.target,
         f"simulated peer CPU <= {CLIENT_TARGET_CORES:.0%} of a core": (mine["client_cores_per_peer"] or 9)

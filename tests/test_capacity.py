@@ -309,6 +309,61 @@ def test_slow_words_alone_count_as_overload():
     assert not OverloadSignal(0.5, 2.0, 0.0, 0.2).overloaded()
 
 
+def test_late_finals_count_as_overload_before_the_median_word_does():
+    from app.live.degrade import OverloadSignal
+    from app.live.server_metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    for _ in range(8):
+        metrics.observe_stage("token_interim", 0.2)
+        metrics.observe_stage("token_final", 0.5)
+    assert metrics.final_latency_high() == 0.5
+    for _ in range(3):
+        metrics.observe_stage("token_final", 1.2)  # a burst of finals late enough to put captions at risk
+    assert metrics.word_latency_median() < 0.8 and metrics.final_latency_high() == 1.2
+    calm = OverloadSignal(0.5, 2.0, 0.0, metrics.word_latency_median(), 0.5, 0.9)
+    late = OverloadSignal(0.5, 2.0, 0.0, metrics.word_latency_median(), metrics.final_latency_high(), 0.9)
+    assert not calm.overloaded() and late.overloaded()
+    # the limit follows the output delay: a server that delays its video longer has more room
+    assert not OverloadSignal(0.5, 2.0, 0.0, 0.2, 1.2, 0.6 * 2.5).overloaded()
+
+
+def test_shed_steps_are_a_floor_the_overload_order_starts_above():
+    from app.live.degrade import Degradation, OverloadSignal
+
+    calm = OverloadSignal(cpu_cores=1.0, usable_cores=2.0, asr_backlog_s=0.05)
+    busy = OverloadSignal(cpu_cores=1.97, usable_cores=2.0, asr_backlog_s=0.05)
+    deg = Degradation(enter_s=1.0, leave_s=5.0, floor=1)
+    assert deg.level == 1 and deg.effects.au_fps == 8.0 and deg.effects.output_scale == 1.0
+    assert not deg.overloaded  # the floor is a choice, not an overload
+    assert [deg.update(busy, float(t)) for t in range(4)] == [1, 2, 3, 3]
+    assert deg.overloaded
+    assert [deg.update(calm, float(t)) for t in range(4, 20)][-1] == 1  # gives steps back down to the floor only
+    assert deg.reset(21.0) == 1 and not deg.overloaded
+    off = Degradation(enabled=False, floor=3)  # --no-degrade --shed 3: the floor holds, nothing moves
+    assert [off.update(busy, float(t)) for t in range(3)] == [3, 3, 3] and off.effects.asr_step_s == 0.3
+    with pytest.raises(ValueError):
+        Degradation(floor=4)
+
+
+def test_a_server_that_sheds_always_gives_its_asr_the_longer_step_and_admits_by_its_capacity():
+    from app import cli as app_cli
+    from app.live.admission import Admission
+    from app.live.server_metrics import ServerMetrics
+    from models.asr import ASRWorker, StreamingConfig
+
+    assert app_cli.server_config(app_cli.build_parser().parse_args(["serve", "--shed", "3"])).shed_steps == 3
+    worker = ASRWorker(engine=_NullEngine(), config=StreamingConfig(int8=False), autostart=False)
+    admission = Admission(ServerConfig(ui=False, stages=(), admission="measured", shed_steps=3, degrade=True),
+                          ServerMetrics())
+    admission.measure(0, worker)  # the first measurement, before any session
+    assert worker.open("a").asr.config.step_s == 0.3
+    assert admission.limit(1) == admission.current.sessions  # shedding by choice does not close the door
+    assert admission.readiness()["degradation"] == {"level": 3, "steps": ["au_rate", "video_quality", "asr_step"],
+                                                     "order": ["au_rate", "video_quality", "asr_step"],
+                                                     "floor": 3}
+
+
 def test_asr_worker_reports_how_long_its_oldest_queued_audio_waited():
     from alignment.types import AudioChunk
     from models.asr import ASRWorker, StreamingConfig

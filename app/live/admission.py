@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from app.live.config import ServerConfig
 from app.live.cpu_account import Capacity, CapacityEstimate, CpuAccount
-from app.live.degrade import ORDER, Degradation, OverloadSignal
+from app.live.degrade import FINAL_SHARE_OF_DELAY, ORDER, Degradation, OverloadSignal
 from app.live.server_metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ class Admission:
         self.capacity = CapacityEstimate(config.session_cost_cores, target_utilisation=config.target_utilisation,
                                          max_sessions=config.max_sessions)
         self.current: Capacity = self.capacity.current()
-        self.degradation = Degradation(enabled=config.degrade)
+        self.degradation = Degradation(enabled=config.degrade, floor=config.shed_steps)
+        self._asr_step_s: float | None = None  # the ASR step last given to the worker (None: configured)
 
     def measure(self, live: int, worker: ASRWorker | None) -> None:
         """Once a second, with ``live`` sessions: CPU per stage into /metrics, and the capacity
@@ -44,14 +45,17 @@ class Admission:
         backlog = worker.stats().oldest_wait_s if worker is not None else 0.0
         before = self.degradation.level
         if live:
-            signal = OverloadSignal(self.capacity.rate, self.capacity.cores, backlog, metrics.word_latency_median())
+            signal = OverloadSignal(self.capacity.rate, self.capacity.cores, backlog, metrics.word_latency_median(),
+                                    metrics.final_latency_high(), FINAL_SHARE_OF_DELAY * self.config.output_delay_s)
             level = self.degradation.update(signal, time.monotonic())
         else:  # no session has work to shed (the CPU is the warm-up's, or another process's): none is shed
             level = self.degradation.reset(time.monotonic())
         if level != before:
             log.warning("degradation level %d -> %d (%s)", before, level, ", ".join(ORDER[:level]) or "none")
-            if worker is not None:
-                worker.set_step_s(self.degradation.effects.asr_step_s)
+        step_s = self.degradation.effects.asr_step_s
+        if worker is not None and step_s != self._asr_step_s:  # a level change, or the floor's at start
+            worker.set_step_s(step_s)
+            self._asr_step_s = step_s
         metrics.degradation.set(level)
         metrics.capacity.set(self.limit(live))
         metrics.session_cost.set(now.cost_cores)
@@ -59,17 +63,17 @@ class Admission:
 
     def limit(self, live: int) -> int:
         """Sessions admitted now. Measured: none beyond the ``live`` ones while the server sheds work
-        (degradation level > 0), since a starved process also under-measures its cost per session."""
+        under overload (beyond its floor), since a starved process also under-measures its cost per session."""
         limit = self.config.max_sessions
         if self.config.admission != "fixed":
             limit = min(limit, self.current.sessions)
-            if self.degradation.level > 0:
+            if self.degradation.overloaded:
                 limit = min(limit, live)
         return limit
 
     def full(self, limit: int) -> str:
         """Why the server is full at ``limit`` sessions, for the 503's message."""
-        if self.degradation.level > 0:
+        if self.degradation.overloaded:
             return "shedding work under overload"
         return "max_sessions" if limit == self.config.max_sessions else "measured capacity"
 
@@ -77,4 +81,5 @@ class Admission:
         """The admission and degradation parts of ``/readyz``."""
         level = self.degradation.level
         return {"admission": {"mode": self.config.admission, **asdict(self.current)},
-                "degradation": {"level": level, "steps": list(ORDER[:level]), "order": list(ORDER)}}
+                "degradation": {"level": level, "steps": list(ORDER[:level]), "order": list(ORDER),
+                                "floor": self.degradation.floor}}

@@ -43,6 +43,9 @@ class ServerConfig:
     # under a brief overload, shed work in app.live.degrade.ORDER before words run late (``synchrony serve``'s
     # default; off for in-process servers, whose load includes their own test peers)
     degrade: bool = False
+    # steps of that order always taken (``--shed N``): cheaper sessions, so more of them per machine
+    # (BENCHMARKS.md, issue 20), for a lower AU rate, a smaller returned video and later finals
+    shed_steps: int = 0
     turn_end_s: float = 0.3  # silence that ends a user's turn (app/live/turns.py); 0: the ASR's endpoint decides
     turn_unfinished_end_s: float = 0.6  # ... after a word a sentence rarely ends on
     max_sdp_bytes: int = MAX_SDP_BYTES

@@ -13,10 +13,13 @@ are the product, so the server sheds the cheaper-to-lose work first, one step at
    half the decodes; words become final up to 0.15 s later, but do not queue up behind decodes).
 
 The server is *overloaded* while its process uses nearly all the usable cores, audio waits for the
-ASR (its oldest queued audio has waited over 0.3 s for a decode lane), or words come slowly (the
-median token of the last 2 s came over 0.8 s after its word ended; a word's caption is late past
-the 1.5 s output delay). The last two see the ASR falling behind when other processes take the cores,
-which the CPU share misses.
+ASR (its oldest queued audio has waited over 0.3 s for a decode lane), words come slowly (the
+median token of the last 2 s came over 0.8 s after its word ended), or finals come late enough to
+put captions at risk (the 90th percentile of the last 2 s' finals came over 0.6 × the output delay,
+0.9 s, after their words ended: a caption is drawn late once its final misses the word's first
+frame, about the output delay less the word's length after the word's end, while finals on an
+unloaded server stay under ~0.8 s at p95). The last three see the ASR falling behind when other
+processes take the cores, which the CPU share misses; the finals' tail sees it first.
 After ``enter_s`` of overload it takes the next step (at most one per ``enter_s``); after
 ``leave_s`` without overload it gives one back.
 """
@@ -29,6 +32,8 @@ from app.live.stages import Stage
 
 #: The steps, in the order they are taken (and given back in reverse).
 ORDER = ("au_rate", "video_quality", "asr_step")
+#: Finals later than this share of the output delay (after their word's end) count as overload.
+FINAL_SHARE_OF_DELAY = 0.6
 #: The stage each step sheds work from.
 STEP_STAGE: dict[str, Stage] = {"au_rate": Stage.AU, "video_quality": Stage.RENDER, "asr_step": Stage.ASR}
 
@@ -57,18 +62,24 @@ class OverloadSignal:
     usable_cores: float
     asr_backlog_s: float  # how long the ASR's oldest queued audio has waited for a decode lane
     word_latency_s: float = 0.0  # median word end → token latency of the last 2 s' tokens, all sessions
+    final_latency_s: float = 0.0  # 90th percentile word end → final latency of the last 2 s' finals
+    final_limit_s: float = FINAL_SHARE_OF_DELAY * 1.5  # finals later than this put captions at risk
 
     def overloaded(self, cpu_share: float = 0.95, backlog_s: float = 0.3, word_latency_s: float = 0.8) -> bool:
         return (self.cpu_cores >= cpu_share * self.usable_cores or self.asr_backlog_s > backlog_s
-                or self.word_latency_s > word_latency_s)
+                or self.word_latency_s > word_latency_s or self.final_latency_s > self.final_limit_s)
 
 
 class Degradation:
     """The level of the degradation order in force, stepped by :meth:`update` (about once a second)."""
 
-    def __init__(self, enter_s: float = 1.0, leave_s: float = 5.0, enabled: bool = True) -> None:
-        self.enter_s, self.leave_s, self.enabled = enter_s, leave_s, enabled
-        self.level = 0
+    def __init__(self, enter_s: float = 1.0, leave_s: float = 5.0, enabled: bool = True, floor: int = 0) -> None:
+        """``floor``: steps always taken (``synchrony serve --shed``): the operator's choice of more
+        sessions per machine over the full service; overload steps start above it."""
+        if not 0 <= floor <= len(ORDER):
+            raise ValueError(f"floor must be 0..{len(ORDER)}, got {floor}")
+        self.enter_s, self.leave_s, self.enabled, self.floor = enter_s, leave_s, enabled, floor
+        self.level = floor
         self._since: float | None = None  # when the current state (overloaded or not) began, or the last step
         self._over = False
         self.steps: list[tuple[float, int]] = []  # (time, new level): what it did, for reports and tests
@@ -82,18 +93,23 @@ class Degradation:
         held = now - self._since
         if over and held >= self.enter_s and self.level < len(ORDER):
             self._step(self.level + 1, now)
-        elif not over and held >= self.leave_s and self.level > 0:
+        elif not over and held >= self.leave_s and self.level > self.floor:
             self._step(self.level - 1, now)
         return self.level
 
     def reset(self, now: float) -> int:
-        """Level 0 at once: with no sessions there is no work to shed, and a level left over from
-        the warm-up or the last overload would only keep the next session out (admission takes no
-        one while the server sheds work)."""
+        """The floor at once: with no sessions there is no overload to shed work for, and a level left
+        over from the warm-up or the last overload would only keep the next session out (admission
+        takes no one while the server sheds work beyond its floor)."""
         self._over, self._since = False, now
-        if self.level:
-            self._step(0, now)
+        if self.level != self.floor:
+            self._step(self.floor, now)
         return self.level
+
+    @property
+    def overloaded(self) -> bool:
+        """Work is shed beyond the floor: the server is (or just was) overloaded."""
+        return self.level > self.floor
 
     def _step(self, level: int, now: float) -> None:
         self.level = level

@@ -87,7 +87,8 @@ class ServerMetrics:
         self._checks = 0
         self._passed = 0
         self._stage_cpu_seen: dict[Stage, float] = {}
-        self._word_latency: deque[tuple[float, float]] = deque(maxlen=4096)  # (wall, word end → token s)
+        # (wall, word end → token s, final): the overload signal's view of how late words are
+        self._word_latency: deque[tuple[float, float, bool]] = deque(maxlen=4096)
 
     def observe_lst(self, timing: TokenTiming) -> None:
         """One emitted token's ``alignment.lst.TokenTiming``."""
@@ -103,7 +104,7 @@ class ServerMetrics:
     def observe_stage(self, stage: Stage, latency_s: float, compute_s: float | None = None) -> None:
         self.stage_latency.labels(stage).observe(max(latency_s, 0.0))
         if stage in (Stage.TOKEN_INTERIM, Stage.TOKEN_FINAL):
-            self._word_latency.append((time.monotonic(), latency_s))
+            self._word_latency.append((time.monotonic(), latency_s, stage == Stage.TOKEN_FINAL))
         if compute_s is not None:
             self.stage_compute.labels(stage).observe(max(compute_s, 0.0))
 
@@ -111,8 +112,19 @@ class ServerMetrics:
         """The median word end → token latency of the tokens emitted in the last ``window_s`` (0: none).
         The median, not the maximum: a revised interim of an old word is one late token, not overload."""
         since = time.monotonic() - window_s
-        recent = sorted(lat for wall, lat in list(self._word_latency) if wall >= since)
+        recent = sorted(lat for wall, lat, _final in list(self._word_latency) if wall >= since)
         return recent[len(recent) // 2] if recent else 0.0
+
+    def final_latency_high(self, window_s: float = 2.0) -> float:
+        """The 90th percentile of word end → final latency over the finals of the last ``window_s`` (0: none).
+
+        Finals, not interims: a caption is drawn from its final, so a final that comes later than
+        the output delay (less the word's length) is a caption drawn late. Finals come once a word, so
+        their tail is not one revised interim; it rises seconds before the median of all tokens does.
+        """
+        since = time.monotonic() - window_s
+        recent = sorted(lat for wall, lat, final in list(self._word_latency) if final and wall >= since)
+        return recent[min(len(recent) - 1, int(0.9 * len(recent)))] if recent else 0.0
 
     def drop(self, stage: str, n: int = 1) -> None:
         self.drops.labels(stage).inc(n)
