@@ -324,6 +324,7 @@ def test_late_finals_count_as_overload_before_the_median_word_does():
     calm = OverloadSignal(0.5, 2.0, 0.0, metrics.word_latency_median(), 0.5, 0.9)
     late = OverloadSignal(0.5, 2.0, 0.0, metrics.word_latency_median(), metrics.final_latency_high(), 0.9)
     assert not calm.overloaded() and late.overloaded()
+    assert calm.why() == [] and late.why() == ["finals p90 1.20 s > 0.90 s"]  # what the step's log line says
     # the limit follows the output delay: a server that delays its video longer has more room
     assert not OverloadSignal(0.5, 2.0, 0.0, 0.2, 1.2, 0.6 * 2.5).overloaded()
 

@@ -44,6 +44,7 @@ class Admission:
         now = self.current = self.capacity.update(live)
         backlog = worker.stats().oldest_wait_s if worker is not None else 0.0
         before = self.degradation.level
+        signal = None
         if live:
             signal = OverloadSignal(self.capacity.rate, self.capacity.cores, backlog, metrics.word_latency_median(),
                                     metrics.final_latency_high(), FINAL_SHARE_OF_DELAY * self.config.output_delay_s)
@@ -51,7 +52,8 @@ class Admission:
         else:  # no session has work to shed (the CPU is the warm-up's, or another process's): none is shed
             level = self.degradation.reset(time.monotonic())
         if level != before:
-            log.warning("degradation level %d -> %d (%s)", before, level, ", ".join(ORDER[:level]) or "none")
+            log.warning("degradation level %d -> %d (%s); overload: %s", before, level,
+                        ", ".join(ORDER[:level]) or "none", "; ".join(signal.why() if signal else []) or "none")
         step_s = self.degradation.effects.asr_step_s
         if worker is not None and step_s != self._asr_step_s:  # a level change, or the floor's at start
             worker.set_step_s(step_s)

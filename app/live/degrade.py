@@ -66,8 +66,20 @@ class OverloadSignal:
     final_limit_s: float = FINAL_SHARE_OF_DELAY * 1.5  # finals later than this put captions at risk
 
     def overloaded(self, cpu_share: float = 0.95, backlog_s: float = 0.3, word_latency_s: float = 0.8) -> bool:
-        return (self.cpu_cores >= cpu_share * self.usable_cores or self.asr_backlog_s > backlog_s
-                or self.word_latency_s > word_latency_s or self.final_latency_s > self.final_limit_s)
+        return bool(self.why(cpu_share, backlog_s, word_latency_s))
+
+    def why(self, cpu_share: float = 0.95, backlog_s: float = 0.3, word_latency_s: float = 0.8) -> list[str]:
+        """The criteria that hold, in words (empty: not overloaded), for the log line of a step."""
+        out = []
+        if self.cpu_cores >= cpu_share * self.usable_cores:
+            out.append(f"CPU {self.cpu_cores:.2f} of {self.usable_cores:.2f} cores")
+        if self.asr_backlog_s > backlog_s:
+            out.append(f"ASR backlog {self.asr_backlog_s:.2f} s")
+        if self.word_latency_s > word_latency_s:
+            out.append(f"median word latency {self.word_latency_s:.2f} s")
+        if self.final_latency_s > self.final_limit_s:
+            out.append(f"finals p90 {self.final_latency_s:.2f} s > {self.final_limit_s:.2f} s")
+        return out
 
 
 class Degradation:
