@@ -16,7 +16,7 @@ on its frame timestamps. Figures:
   MediaPipe image mode (each frame on its own) and video mode (tracking, what `synchrony analyze`
   uses)                                                    target detected ≥ 90 %, p95 ≤ 20 ms
 
-Usage:  .venv/bin/python bench/sync_detection.py [--quick] [--clips N] [--lip-clips M] [--seed S]
+Usage:  .venv/bin/python bench/sync_detection.py [--quick] [--clips N] [--lip-clips M] [--lip-fps F] [--seed S]
 """
 
 from __future__ import annotations
@@ -110,11 +110,14 @@ def marker_trial(i: int, rng: np.random.Generator, tmp: Path) -> MarkerResult:
                         sum(c.ok for c in checks) / max(len(checks), 1))
 
 
-def lip_trials(n: int, seed: int, mode: str, tmp: Path) -> tuple[list[float | None], float]:
+def lip_trials(n: int, seed: int, mode: str, tmp: Path, fps: float | None = None) -> tuple[list[float | None], float]:
     """Lip-evidence errors (s; None: no estimate) on ``n`` talking-face clips; seconds per frame.
 
     Odd clips go through H.264 + AAC; every third has white noise at 10 dB SNR in its audio.
+    ``fps``: analyse only the frames the live server's face stage takes at that rate
+    (``app.live.au.FrameRate``), not every frame.
     """
+    from app.live.au import FrameRate
     from models.faces import FaceAUExtractor
 
     rng = np.random.default_rng(seed)
@@ -132,6 +135,9 @@ def lip_trials(n: int, seed: int, mode: str, tmp: Path) -> tuple[list[float | No
             audio, audio_pts, frames = decode(testmedia.write_av_file(tmp / f"lips{i}.mp4", noisy))
         else:
             frames = [VideoFrame(k / clip.fps, im) for k, im in enumerate(clip.frames)]
+        if fps is not None:
+            rate = FrameRate(fps)
+            frames = [f for f in frames if rate.take(f.pts)]
         t0 = time.perf_counter()
         with FaceAUExtractor(running_mode=mode) as fx:  # one per clip: video mode needs rising pts
             obs = [fx.extract_full(f) for f in frames]
@@ -162,6 +168,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer clips (about 30 s)")
     parser.add_argument("--clips", type=int, default=None, help="marker clips (default 200, quick 40)")
     parser.add_argument("--lip-clips", type=int, default=None, help="lip clips per mode (default 10, quick 3)")
+    parser.add_argument("--lip-fps", type=float, action="append", default=[],
+                        help="also run video mode on only the frames the live server analyses at this rate "
+                             "(16: its default, 8: under overload or --shed); repeatable")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     n_clips = args.clips or (40 if args.quick else 200)
@@ -213,9 +222,10 @@ def main() -> int:
         n_lips = 0
     if args.lip_clips == 0:
         print("lip evidence: not run (--lip-clips 0)")
-    for mode in ("image", "video") if n_lips else ():
+    runs: list[tuple[str, float | None]] = [("image", None), ("video", None), *(("video", f) for f in args.lip_fps)]
+    for mode, fps in runs if n_lips else ():
         with tempfile.TemporaryDirectory() as tmp:
-            errors, per_frame = lip_trials(n_lips, args.seed, mode, Path(tmp))
+            errors, per_frame = lip_trials(n_lips, args.seed, mode, Path(tmp), fps)
         got = np.array([abs(e) * 1000 for e in errors if e is not None])
         signed = np.array([e * 1000 for e in errors if e is not None])
         detected = len(got) / max(len(errors), 1)
@@ -223,7 +233,8 @@ def main() -> int:
         lip_ok = detected >= TARGET_LIP_DETECTED and p95 <= TARGET_LIP_P95_MS
         ok = ok and lip_ok
         bias = f"{signed.mean():+.1f}" if signed.size else "n/a"
-        print(f"lip evidence ({mode} mode, {n_lips} clips, {per_frame * 1000:.1f} ms/frame MediaPipe): "
+        rate = "every frame" if fps is None else f"{fps:g} frames/s"
+        print(f"lip evidence ({mode} mode, {rate}, {n_lips} clips, {per_frame * 1000:.1f} ms/frame MediaPipe): "
               f"detected {detected:.0%}, |error| ms mean {got.mean() if got.size else float('nan'):.1f}  "
               f"p95 {p95:.1f}  max {got.max() if got.size else float('nan'):.1f}, bias {bias}"
               f"   target detected >= {TARGET_LIP_DETECTED:.0%}, p95 <= {TARGET_LIP_P95_MS:g}  {verdict(lip_ok)}")
