@@ -19,9 +19,12 @@ put captions at risk (the 90th percentile of the last 2 s' finals came over 0.6 
 0.9 s, after their words ended: a caption is drawn late once its final misses the word's first
 frame, about the output delay less the word's length after the word's end, while finals on an
 unloaded server stay under ~0.8 s at p95). The last three see the ASR falling behind when other
-processes take the cores, which the CPU share misses; the finals' tail sees it first.
+processes take the cores, which the CPU share misses; the finals' tail is the most direct of them.
 After ``enter_s`` of overload it takes the next step (at most one per ``enter_s``); after
 ``leave_s`` without overload it gives one back.
+
+An operator may also take the first steps for good (``synchrony serve --shed N``, the ``floor``):
+cheaper sessions, so more of them per machine, for less service; overload steps then start above it.
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ class ServerMetrics:
 
         Finals, not interims: a caption is drawn from its final, so a final that comes later than
         the output delay (less the word's length) is a caption drawn late. Finals come once a word, so
-        their tail is not one revised interim; it rises seconds before the median of all tokens does.
+        their tail is not one revised interim, and it shows captions turning late while the median of
+        all tokens, interims included, still looks fine.
         """
         since = time.monotonic() - window_s
         recent = sorted(lat for wall, lat, final in list(self._word_latency) if final and wall >= since)

@@ -95,7 +95,6 @@ class CpuSampler:
         return list(self.samples)
 
 
-
 def steady_cpu(cpu: list[Any], sessions: list[tuple[float, int]], n: int) -> dict[str, Any] | None:
     """Mean CPU % (100 = one core) of the server's process tree, the load-test workers and the whole
     machine over the samples taken while at least ``n`` sessions were live (the server's ``/readyz``,
