@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -203,15 +202,6 @@ def _child_scan_costs(seconds: float) -> dict[str, float]:
     return out
 
 
-def baseline_tree(ref: str, into: Path) -> Path:
-    """The source tree of git ``ref`` (``git archive``), with this tree's untracked assets if missing."""
-    tree = into / f"baseline-{ref}"
-    tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    return tree
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--peers", type=int, default=1)
@@ -239,7 +229,8 @@ def main() -> int:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline:
-            runs.append(measure(f"baseline {args.baseline}", baseline_tree(args.baseline, Path(tmp)), args, out_dir))
+            base = spawn.baseline_tree(args.baseline, Path(tmp))
+            runs.append(measure(f"baseline {args.baseline}", base, args, out_dir))
         runs.append(measure("this tree", None, args, out_dir))
         for variant in args.variant:
             runs.append(measure(f"this tree {variant}", None, args, out_dir, shlex.split(variant)))
