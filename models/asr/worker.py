@@ -99,7 +99,7 @@ class ASRStream:
                 self.dropped_chunks += 1
                 self._dropped_n += len(old.samples)
             # While a lane feeds it the recogniser's quiet_until moves on: ``recheck`` decides then.
-            if not self.busy and self.waiting_since == float("inf") and (gap or chunk.end >= self.quiet_until):
+            if not self.busy and not self.due and (gap or chunk.end >= self.quiet_until):
                 self.waiting_since = now
                 self._wake()
 
@@ -116,7 +116,7 @@ class ASRStream:
         """After a lane's turn (under the lock): the recogniser's new ``quiet_until``; audio that came
         meanwhile and reaches past it is due from when it came."""
         self.quiet_until = quiet_until
-        if self.waiting_since != float("inf"):
+        if self.due:
             return
         held = self._held()
         if held < len(self._chunks):
@@ -166,9 +166,14 @@ class ASRStream:
             yield ev
 
     @property
+    def due(self) -> bool:
+        """Audio (or the close) waits for a lane: something is queued that is not held, or it is closing."""
+        return self.waiting_since != float("inf")
+
+    @property
     def settled(self) -> bool:
         """No lane is feeding it and none has audio of it to take: what is queued (if anything) is held."""
-        return not self.busy and self.waiting_since == float("inf")
+        return not self.busy and not self.due
 
     def take(self, max_chunks: int) -> tuple[list[AudioChunk], int]:
         """The oldest queued chunks, at most ``max_chunks``, and how many of them, from the first, were
@@ -352,7 +357,7 @@ class ASRWorker:
                 decode_ms_last=round(self._last_ms, 2),
                 events_dropped=self._closed_drops[2] + sum(s.events_dropped for s in streams),
                 oldest_wait_s=max((time.monotonic() - s.waiting_since for s in streams
-                                   if s.queued_chunks and s.waiting_since != float("inf")), default=0.0),
+                                   if s.queued_chunks and s.due), default=0.0),
                 turns=self._turns,
             )
 
@@ -376,7 +381,7 @@ class ASRWorker:
         best: ASRStream | None = None
         for sid in self._order:
             s = self._streams[sid]
-            if s.busy or s.waiting_since == float("inf"):  # nothing due: nothing queued, or only held audio
+            if s.busy or not s.due:
                 continue
             if s.lane is not None and s.lane != lane:
                 continue
