@@ -43,8 +43,8 @@ def hog_later(at_s: float, seconds: float, procs: int) -> list[subprocess.Popen[
 
 
 def one_round(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir: Path, k: int) -> dict[str, Any]:
-    server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label}-{k}.log", ["--admission", "fixed"],
-                                 code_dir=code_dir)
+    log = out_dir / f"server-{label.replace(' ', '-')}-{k}.log"
+    server = spawn.SpawnedServer(args.peers + 2, log, ["--admission", "fixed"], code_dir=code_dir)
     try:
         server.wait_ready()
         time.sleep(3.0)  # let warm-up threads finish
@@ -88,8 +88,7 @@ def main() -> int:
             trees.insert(0, (f"baseline {args.baseline}", spawn.baseline_tree(args.baseline, Path(tmp))))
         for k in range(args.rounds):
             for label, code_dir in trees:
-                r = one_round(label.replace(" ", "-"), code_dir, args, out_dir, k)
-                r["label"] = label
+                r = one_round(label, code_dir, args, out_dir, k)
                 runs.append(r)
                 print(f"{label}, round {k + 1}: p95 word->token {r['p95_ms']} ms, Level-3 {r['level3']}, finals "
                       f"later than {LATE_FINAL_S} s {r['late']}/{r['finals']}, degradation [t, level] {r['steps']}, "

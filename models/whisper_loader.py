@@ -288,8 +288,8 @@ def cache_word_timing_dtw() -> bool:
 
     Compiled serial: openai-whisper asks for ``parallel=True``, but its DTW has no parallel loop,
     only two array set-ups numba then splits over a thread per core, and those threads spin-wait
-    for the next call. A streaming lane runs it every decode: the spinning cost a lane ~90 CPU-ms per
-    second of speech (on 2 cores), for the same numbers. Under its own name, so numba's cache
+    for the next call. A streaming lane runs it every decode, so the spinning cost every lane CPU for
+    the same numbers (BENCHMARKS.md, issue 20). Under its own name, so numba's cache
     (which keys on the name, not the options) never hands back the parallel build."""
     import types
 
