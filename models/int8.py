@@ -9,12 +9,18 @@ cuts by 4x. Two kinds:
   and still decode exactly as if each token had been fed alone.
 * torch's dynamic-int8 Linear (``quantize_dynamic``) scales the whole input per call; it is
   used where a call is one whole unit anyway (the encoder's window).
+
+The integer kernel of the first is fast only where the CPU multiplies int8 natively (AVX-512 VNNI,
+AMX); with AVX2 alone it is several times slower than the fp32 Linear it copies.
+:func:`rowwise_int8_pays` measures which on the CPU at hand, once per process.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
+import time
 import warnings
 
 import torch
@@ -69,6 +75,43 @@ class RowInt8Linear(torch.nn.Module):
         if self.bias is not None:
             y.add_(self.bias)
         return y if flat else y.reshape(*shape[:-1], self.out_features)
+
+
+@functools.cache
+def rowwise_int8_pays(in_features: int = 384, out_features: int = 1536, rows: int = 4) -> bool:
+    """Whether :class:`RowInt8Linear` beats the fp32 Linear it copies on this CPU, at a decoder
+    step's shape (a few rows; tiny.en's MLP), on one thread as the decoder runs.
+
+    Measured, not read from the CPU's flags: ``torch._int_mm`` picks its kernel inside torch. The
+    best of several interleaved rounds is compared, so a busy machine slows both alike. On an
+    AVX2-only EPYC the int8 copy took ~10x the fp32 time; on the machines it was chosen on, it
+    halved a decoder step (docs/asr-measurements.md). Once per process (the ASR lanes inherit it by fork).
+    """
+    lin = torch.nn.Linear(in_features, out_features)
+    try:
+        row = RowInt8Linear(lin)
+        x = torch.randn(rows, in_features)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.inference_mode():
+                best = {"int8": float("inf"), "fp32": float("inf")}
+                for _ in range(7):
+                    for name, layer in (("int8", row), ("fp32", lin)):
+                        t0 = time.perf_counter()
+                        for _ in range(10):
+                            layer(x)
+                        best[name] = min(best[name], time.perf_counter() - t0)
+        finally:
+            torch.set_num_threads(threads)
+    except Exception as exc:  # noqa: BLE001 - no integer kernel on this build: fp32 it is
+        log.info("int8 row kernel unavailable (%s): the decoder stays fp32", exc)
+        return False
+    pays = best["int8"] < best["fp32"]
+    log.info("int8 row kernel %.0f us vs fp32 %.0f us a call (%d rows, %dx%d) on this CPU: decoder %s",
+             best["int8"] * 1e5, best["fp32"] * 1e5, rows, in_features, out_features,
+             "int8" if pays else "fp32")
+    return pays
 
 
 def _dynamic_int8(linear: torch.nn.Linear) -> torch.nn.Module:

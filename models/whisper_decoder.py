@@ -9,7 +9,8 @@ and values projected once per audio window; the cross-attention logits of every 
 kept (the word-timing DTW reads them): 5.3 ms a call in the same profile. What is left is mostly
 weight reads (33 MB of fp32 Linear weights a step; alone, a one-token step takes 3.7 ms), so
 streaming passes an int8 copy of the blocks (:class:`models.int8.RowInt8Linear`: each row scaled
-on its own, so a row's result never depends on what was batched with it).
+on its own, so a row's result never depends on what was batched with it) where that copy is the
+faster one on the CPU (:func:`models.int8.rowwise_int8_pays`).
 """
 
 from __future__ import annotations

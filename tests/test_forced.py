@@ -77,7 +77,6 @@ def test_a_following_word_keeps_streamed_words_off_the_next_ones_start(whisper_m
     """Streamed, each emission's look-ahead audio holds the next word's start: with the
     recogniser's next interim word following in the forced alignment's text, the emitted words
     are not stretched over it (a diphone voice, which the aligner serves by forced alignment)."""
-    from alignment.text import agreement_key
     from models.asr import StreamingASR, StreamingConfig
 
     texts = ("could you bring a towel and a cup of tea to the room upstairs",
@@ -91,15 +90,17 @@ def test_a_following_word_keeps_streamed_words_off_the_next_ones_start(whisper_m
             chunks = [AudioChunk(i / SAMPLE_RATE, audio[i : i + 320]) for i in range(0, len(audio), 320)]
             events = [e for c in chunks for e in asr.feed(c)] + asr.flush()
             finals = [e for e in events if isinstance(e, WordToken) and e.final]
-            truth = {agreement_key(w.text): w.start for w in sp.words if sum(
-                agreement_key(v.text) == agreement_key(w.text) for v in sp.words) == 1}  # unique words
-            errors[follow] += [1000 * abs(t.start - truth[agreement_key(t.text)]) for t in finals
-                               if agreement_key(t.text) in truth]
+            # Matched to the spoken words in order: a misheard word ("of stairs" for "upstairs")
+            # is a recognition error, not one of timing, and must not be timed against another "of".
+            errors[follow] += list(_onset_errors_ms(finals, sp.words))
     within = {f: float(np.mean(np.asarray(e) <= 40)) for f, e in errors.items()}
-    print(f"kal streamed: within 40 ms {within}, mean {[round(float(np.mean(e)), 1) for e in errors.values()]}")
+    mean = {f: float(np.mean(e)) for f, e in errors.items()}
+    print(f"kal streamed: within 40 ms {within}, mean {mean}")
     assert len(errors[1]) >= 12
     assert within[1] >= 0.9
-    assert within[1] > within[0]
+    # The gain is a few words' worth on two sentences (which ones depends on the decoder's
+    # precision: int8 or fp32 blocks, by CPU): closer on average, none pushed out of ±40 ms.
+    assert within[1] >= within[0] and mean[1] < mean[0]
 
 
 def test_alignment_is_the_same_whatever_came_before(hts_speech):

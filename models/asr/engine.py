@@ -5,7 +5,8 @@ we ship (openai-whisper weights, a variable audio context, cross-attention DTW w
 
 Greedy decoding projects onto the vocabulary with an int8 copy of the embedding and re-scores
 the best candidates in fp32. Streaming runs int8 copies of the encoder and the decoder blocks (it
-re-decodes its window every step); offline keeps the fp32 model.
+re-decodes its window every step; the blocks' copy only where its integer kernel is the faster one
+on this CPU); offline keeps the fp32 model.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from whisper.model import Whisper
 
 from alignment.text import agreement_key
 from alignment.types import SAMPLE_RATE
-from models.int8 import int8_copy, int8_projection
+from models.int8 import int8_copy, int8_projection, rowwise_int8_pays
 from models.whisper_decoder import DecoderPass
 from models.whisper_loader import load_whisper, mel_for, model_lock
 
@@ -101,7 +102,7 @@ class WhisperEngine:
 
     def __init__(
         self, model: Whisper | None = None, context_pad_s: float = CONTEXT_PAD_S, threads: int = 1,
-        int8: bool = False,
+        int8: bool = False, int8_decoder: bool | None = None,
     ) -> None:
         import whisper.timing  # noqa: F401 - imports numba, which resets this thread's torch threads
         import whisper.tokenizer
@@ -119,7 +120,11 @@ class WhisperEngine:
         self.int8 = int8
         self.encoder = (int8_copy(self.model.encoder) if int8 else None) or self.model.encoder
         # Only the blocks: a copy of the whole decoder would duplicate the 80 MB token embedding.
-        self.decoder_blocks = ((int8_copy(self.model.decoder.blocks, rowwise=True) if int8 else None)
+        # Their int8 kernel is slower than fp32 on CPUs without native int8 products: measured
+        # unless ``int8_decoder`` says which.
+        if int8_decoder is None:
+            int8_decoder = int8 and rowwise_int8_pays()
+        self.decoder_blocks = ((int8_copy(self.model.decoder.blocks, rowwise=True) if int8_decoder else None)
                                or self.model.decoder.blocks)
         self.context_pad_s = context_pad_s
         dims = self.model.dims
