@@ -108,9 +108,10 @@ def rowwise_int8_pays(in_features: int = 384, out_features: int = 1536, rows: in
         log.info("int8 row kernel unavailable (%s): the decoder stays fp32", exc)
         return False
     pays = best["int8"] < best["fp32"]
-    log.info("int8 row kernel %.0f us vs fp32 %.0f us a call (%d rows, %dx%d) on this CPU: decoder %s",
-             best["int8"] * 1e5, best["fp32"] * 1e5, rows, in_features, out_features,
-             "int8" if pays else "fp32")
+    # Worth an operator's notice when it loses: this CPU decodes slower than the ones it was tuned on.
+    log.log(logging.INFO if pays else logging.WARNING,
+            "int8 row kernel %.0f us vs fp32 %.0f us a call (%d rows, %dx%d) on this CPU: streaming decoder %s",
+            best["int8"] * 1e5, best["fp32"] * 1e5, rows, in_features, out_features, "int8" if pays else "fp32")
     return pays
 
 
