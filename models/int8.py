@@ -82,10 +82,10 @@ def rowwise_int8_pays(in_features: int = 384, out_features: int = 1536, rows: in
     """Whether :class:`RowInt8Linear` beats the fp32 Linear it copies on this CPU, at a decoder
     step's shape (a few rows; tiny.en's MLP), on one thread as the decoder runs.
 
-    Measured, not read from the CPU's flags: ``torch._int_mm`` picks its kernel inside torch. The
-    best of several interleaved rounds is compared, so a busy machine slows both alike. On an
-    AVX2-only EPYC the int8 copy took ~10x the fp32 time; on the machines it was chosen on, it
-    halved a decoder step (docs/asr-measurements.md). Once per process (the ASR lanes inherit it by fork).
+    Measured, not read from the CPU's flags: ``torch._int_mm`` picks its kernel inside torch, and
+    the gap is large either way (docs/asr-measurements.md). The best of several interleaved rounds
+    is compared, so a busy machine slows both alike. Once per process (the ASR lanes inherit it by
+    fork).
     """
     lin = torch.nn.Linear(in_features, out_features)
     try:
