@@ -1,11 +1,12 @@
 """Streaming decoder precision on this CPU: the int8 row-exact copy of the decoder blocks vs fp32.
 
 Why: :class:`models.int8.RowInt8Linear` multiplies in integers (``torch._int_mm``), which is fast
-only where the CPU has native int8 products; on an AVX2-only EPYC it took ~10x the fp32 time. The
-engine therefore times both once per process (:func:`models.int8.rowwise_int8_pays`) and keeps the
-fp32 blocks where int8 loses. This bench checks that choice on whole streams: the same held-out
-sessions (bench/asr_stream.py's ``HELD_OUT`` sets and held-out voices, none tuned on) decoded by
-:class:`models.asr.StreamingASR` with either precision, fed 20 ms chunks as fast as it decodes.
+only where the CPU has native int8 products and several times slower than fp32 elsewhere
+(docs/asr-measurements.md). The engine therefore times both once per process
+(:func:`models.int8.rowwise_int8_pays`) and keeps the fp32 blocks where int8 loses. This bench
+checks that choice on whole streams: the same held-out sessions (bench/asr_stream.py's ``HELD_OUT``
+sets and held-out voices, none tuned on) decoded by :class:`models.asr.StreamingASR` with either
+precision, fed 20 ms chunks as fast as it decodes.
 
 Prints per set and pooled: streaming WER and CPU seconds of each precision, and which one the
 engine picks here. Exit 1 when the pick costs more CPU than the other, or its pooled WER is more
