@@ -49,6 +49,7 @@ def baseline_tree(ref: str, into: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     return tree
 
+
 class SpawnedServer:
     """``synchrony serve`` in a subprocess on 127.0.0.1 and a free port, logging to a file."""
 
