@@ -249,6 +249,8 @@ def main() -> int:
             for stage, ms in sorted(run["stages_ms_per_s"].items(), key=lambda kv: -kv[1]):
                 print(f"{stage:<14}{ms:>10.1f}{ms / total:>8.0%}" if total else f"{stage:<14}{ms:>10.1f}")
             print(f"{'total':<14}{total:>10.1f}")
+            rest = total - run["stages_ms_per_s"].get("asr", 0.0)
+            print(f"{'all but asr':<14}{rest:>10.1f}  (what a session would cost were its ASR free)")
     checks = {
         f"server CPU per peer <= {args.target} cores": (mine["server_cores_per_peer"] or 9) <= args.target,
         f"simulated peer CPU <= {CLIENT_TARGET_CORES:.0%} of a core": (mine["client_cores_per_peer"] or 9)
