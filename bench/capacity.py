@@ -9,7 +9,8 @@ returned video counted, not decoded) looping the load test's sentence, and print
 * server CPU per peer: the server process's CPU seconds during the round (psutil) per second a peer
   streamed (connect and teardown included), target ≤ ``--target`` cores;
 * per stage, CPU-ms per second of media, from the server's per-thread counters
-  (``synchrony_stage_cpu_seconds_total``, ``app.live.cpu_account``; this tree only);
+  (``synchrony_stage_cpu_seconds_total``, ``app.live.cpu_account``; this tree only), and their sum
+  without the ASR: what a session would cost were its recognition free, the floor no ASR work can lower;
 * the simulated peers' own CPU per peer (load-test workers after their clips were built), target ≤ 5 %;
 * the round's word→token p95, Level-3 pass and recall, and the load average (the machine may be shared).
 
