@@ -52,7 +52,8 @@ def main() -> int:
     cpu: dict[str, float] = {}
     for name in ("fp32", "int8"):
         engine = WhisperEngine(model, int8=True, int8_decoder=name == "int8")
-        engine.transcribe(sessions[0][1][0].audio[: 32000])  # warm (numba DTW compile) outside the clock
+        # Warm (numba compiles the DTW in the first decode) on 2 s of speech, outside the clock.
+        engine.transcribe(sessions[0][1][0].audio[: 2 * asr_stream.SAMPLE_RATE])
         refs_all: list[str] = []
         hyps_all: list[str] = []
         cpu[name] = 0.0
