@@ -8,6 +8,7 @@ separately as wall time at emission minus pts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
@@ -123,3 +124,74 @@ class SyncCheck:
     #: placed start minus it (ms); None when the audio gives no such evidence.
     audio_onset: float | None = None
     audio_error_ms: float | None = None
+
+
+# --- the spoken answer (issue 35) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpokenWord:
+    """One word of a synthesized phrase: seconds from the phrase audio's first sample."""
+
+    text: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class SpokenPhone:
+    """One phone of a synthesized phrase (festival's US English phone set; ``pau`` is silence)."""
+
+    phone: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class SpokenPhrase:
+    """A synthesized phrase of an answer: its audio with the time of every word and phone in it.
+
+    Times are relative to the first sample of ``audio``; the player puts the phrase on the session
+    clock when it starts playing it.
+    """
+
+    text: str
+    audio: np.ndarray = field(repr=False)  # mono float32 in [-1, 1]
+    sample_rate: int
+    words: tuple[SpokenWord, ...]
+    phones: tuple[SpokenPhone, ...] = ()
+
+    @property
+    def duration(self) -> float:
+        return len(self.audio) / self.sample_rate
+
+
+class AnswerEnd(StrEnum):
+    """Why an answer ended. Every reason but ``done`` is an answer cut short."""
+
+    DONE = "done"
+    BARGE_IN = "barge_in"  # the user spoke over it (or started a new turn)
+    MAX_TOKENS = "max_tokens"  # the load policy's limit was reached (or lowered under it)
+    ERROR = "error"  # the responder or the synthesizer failed
+
+
+@dataclass(frozen=True)
+class AnswerOutcome:
+    """How one answer ended: the single definition of an answer cut short, shared by the spoken
+    answer (``response_end``), the conversation history and LST's SEQ-Integrity.
+
+    What was delivered is always a prefix of the responder's answer that ends on a word boundary:
+    ``words`` whole words (spoken aloud where speech is on, shown as text otherwise), and ``text``
+    exactly those words joined by single spaces. That prefix, and nothing after it, is what the
+    conversation history keeps.
+    """
+
+    answer: int  # the answer's id: the utterance it answers
+    reason: AnswerEnd
+    words: int
+    text: str
+    spoken_until: float | None = None  # session clock: end of the last spoken word's audio
+
+    @property
+    def cut_short(self) -> bool:
+        return self.reason is not AnswerEnd.DONE
