@@ -1,23 +1,15 @@
 """The session clock: every incoming track's RTP time mapped onto one timeline, in seconds.
 
-Each WebRTC track has its own RTP clock (90 kHz video, 48 kHz audio) with a random origin, so the
-raw pts of an audio frame and a video frame say nothing about which was captured first. Two
-mappings put them on one timeline:
+Each track has its own RTP clock with a random origin, so two mappings put them on one timeline:
+until a track's first RTCP sender report (SR), the arrival of its first packet anchors its RTP time
+(``arrival`` mode, good to network jitter); once it has an SR, ``ntp(rtp) = sr_ntp + (rtp - sr_rtp)
+/ rate`` puts it on the sender's capture clock (``sender`` mode), which makes audio and video agree.
 
-* until the sender's first RTCP sender report (SR) for a track: the arrival wall time of that
-  track's first packet anchors its RTP time (``arrival`` mode) — good to network jitter;
-* once a track has an SR: the SR pairs an RTP timestamp with the sender's NTP wall clock, so
-  ``ntp(rtp) = sr_ntp + (rtp - sr_rtp) / rate`` puts every track on the sender's capture clock
-  (``sender`` mode) — this is what makes audio and video agree (lip sync).
-
-Zero is the pts of the first media the session received (whichever track came first). The
-reference track (audio: word times are what the product promises, and audio's encoder adds almost
-no delay) keeps the time its first packet's arrival gave it: the sender-clock offset is chosen so
-that it stays continuous, and the other tracks join it on the sender clock. Until the reference
-track has an SR, the first track that has one holds the offset; when the reference's SR comes, or
-the reference adopts a less-delayed one, the others move onto it (a step, counted in ``steps``).
-Anchoring on whichever SR came first instead let video's encode delay and its late-stamped SRs
-shift every audio time by tens of ms from one session to the next.
+Zero is the pts of the first media received. The reference track (audio: word times are what the
+product promises) keeps the time its first packet's arrival gave it; the sender-clock offset is
+chosen so that it stays continuous and the other tracks join it on the sender clock. Until the
+reference has an SR, the first track that has one holds the offset (later moves are ``steps``):
+anchoring on whichever SR came first let video's encode delay shift every audio time.
 
 Pure arithmetic, no I/O: the server feeds it arrival times and SRs, tests feed it numbers.
 """

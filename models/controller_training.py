@@ -1,22 +1,16 @@
 """Training data, training and evaluation for the load controller; the AU session CSV format.
 
 No licensed AU dataset may be shipped, so the shipped weights are trained on ``synthetic_session``:
-a generator of 12-AU dynamics per cognitive-load level, with per-person variation and noise. Its
-load signature follows qualitative findings in the literature (see assets/CONTROLLER_MODEL_CARD.md):
-
-* brow lowering (AU4, corrugator activity) rises with mental effort and task difficulty;
-* lids tighten / eyes narrow with concentration (AU7), and spontaneous blinks are inhibited during
-  demanding visual tasks (modelled as brief AU7 lid-closure spikes whose rate falls with load);
-* chin raise (AU17), lip stretch / press (AU20) and lip-corner depression (AU15) rise under strain;
-* smiles (AU12 with AU6) become rarer; inner/outer brow raises (AU1/AU2) rise slightly;
-* lips part and jaw drop (AU25/AU26) follow speech, unrelated to load (a nuisance signal).
-
-Magnitudes, time constants and rates are our assumptions, not fitted to data.
+12-AU dynamics per cognitive-load level with per-person variation and noise, following qualitative
+findings in the literature (assets/CONTROLLER_MODEL_CARD.md has them with sources): brow lowering
+(AU4) and lid tightening (AU7) rise with effort and blinks are inhibited; chin raise, lip stretch and
+lip-corner depression (AU17, AU20, AU15) rise under strain; smiles (AU6 + AU12) become rarer; lips
+part with speech, unrelated to load. Magnitudes, time constants and rates are our assumptions.
 
 Real data use one CSV format (written by ``AUSessionRecorder``, read by ``read_sessions``):
 ``session,pts,AU1,AU2,AU4,AU6,AU7,AU9,AU12,AU15,AU17,AU20,AU25,AU26,face,label`` — one row per AU
 sample, ``pts`` in seconds on the session clock, AUs in [0, 1], ``face`` 0/1, ``label`` 0-3 or
-empty (unlabelled). ``train_controller_command`` retrains from such a file.
+empty. ``train_controller_command`` retrains from such a file.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Int8 copies of Linear layers for the streaming decoder and encoder (CPU).
 
-Streaming re-decodes a short window every 0.15 s; most of a decode is weight reads, which int8
-cuts by 4x. Two kinds:
-
-* :class:`RowInt8Linear` scales every input row on its own and multiplies in integers
-  (``torch._int_mm``, exact int32 accumulation), so a row's result is the same bit for bit
-  whatever was batched with it: the decoder can feed a forced prefix and a draft in one call
-  and still decode exactly as if each token had been fed alone.
-* torch's dynamic-int8 Linear (``quantize_dynamic``) scales the whole input per call; it is
-  used where a call is one whole unit anyway (the encoder's window).
-
-The integer kernel of the first is fast only where the CPU multiplies int8 natively (AVX-512 VNNI,
-AMX); with AVX2 alone it is several times slower than the fp32 Linear it copies.
-:func:`rowwise_int8_pays` measures which on the CPU at hand, once per process.
+Streaming re-decodes a short window every 0.15 s, and most of a decode is weight reads, which int8
+cuts by 4x. :class:`RowInt8Linear` scales every input row on its own and multiplies in integers
+(``torch._int_mm``, exact int32 sums), so a row's result is the same bit for bit whatever was batched
+with it: the decoder can feed a forced prefix and a draft in one call. torch's dynamic-int8 Linear
+(``quantize_dynamic``) scales the whole input per call; it serves the encoder, whose window is one
+unit anyway. The integer kernel is fast only where the CPU multiplies int8 natively (AVX-512 VNNI,
+AMX): :func:`rowwise_int8_pays` measures which on the CPU at hand, once per process.
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """What the server gives up, in order, under a brief overload, so admitted sessions' words stay on time.
 
 Admission (``app.live.cpu_account``) keeps the server from taking sessions it cannot carry; a brief
-overload can still come (speech in every session at once, a noisy neighbour on the machine). Words
-are the product, so the server sheds the cheaper-to-lose work first, one step at a time:
+overload can still come (speech in every session at once, a noisy neighbour). Words are the product,
+so the cheaper-to-lose work goes first, one step at a time (docs/WIRE.md, "Under overload"):
 
-1. ``au_rate``: face analysis from 16 to 8 frames/s per session (the controller resamples its
-   window; lip evidence needs only the mouth's slow motion; sync-marker flashes are read from
-   every frame regardless);
-2. ``video_quality``: the returned video at half size (a quarter of the pixels to convert, draw and
-   encode; the frame rate, its timing and the captions' frames are unchanged);
-3. ``asr_step``: the streaming ASR re-decodes every 0.3 s of new speech instead of 0.15 s (about
-   half the decodes; words become final up to 0.15 s later, but do not queue up behind decodes).
+1. ``au_rate``: face analysis at 8 instead of 16 frames/s (the controller resamples its window);
+2. ``video_quality``: the returned video at half size (same frame rate, times and caption frames);
+3. ``asr_step``: the streaming ASR re-decodes every 0.3 s of new speech instead of 0.15 s.
 
-The server is *overloaded* while its process uses nearly all the usable cores, audio waits for the
-ASR (its oldest queued audio has waited over 0.3 s for a decode lane), words come slowly (the
-median token of the last 2 s came over 0.8 s after its word ended), or finals come late enough to
-put captions at risk (the 90th percentile of the last 2 s' finals came over 0.6 × the output delay,
-0.9 s, after their words ended: a caption is drawn late once its final misses the word's first
-frame, about the output delay less the word's length after the word's end, while finals on an
-unloaded server stay under ~0.8 s at p95). The last three see the ASR falling behind when other
-processes take the cores, which the CPU share misses; the finals' tail is the most direct of them.
-After ``enter_s`` of overload it takes the next step (at most one per ``enter_s``); after
-``leave_s`` without overload it gives one back.
-
-An operator may also take the first steps for good (``synchrony serve --shed N``, the ``floor``):
-cheaper sessions, so more of them per machine, for less service; overload steps then start above it.
+Overload is read from the process's CPU share and from the ASR falling behind (audio waiting for a
+lane, slow tokens, late finals), since other processes can take the cores unseen by the CPU share.
+After ``enter_s`` of overload it takes the next step; after ``leave_s`` without, it gives one back.
+``synchrony serve --shed N`` takes the first N steps for good (the ``floor``).
 """
 
 from __future__ import annotations

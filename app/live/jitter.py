@@ -1,18 +1,15 @@
 """Jitter buffers for the server's receivers: video frames at their marker bit, audio without lag.
 
-Video: aiortc's ``JitterBuffer`` only knows a video frame is complete when the first packet of the *next*
-frame arrives, which adds one frame interval (40 ms at 25 fps) to every camera frame before it is
-decoded. Senders set the RTP marker bit on the last packet of each frame (RFC 3550; VP8 and H.264
-payload formats), so a contiguous run of packets with one timestamp that ends in a marker is a
-whole frame. Without a marker (lost or a sender that omits it) the base behaviour applies.
+Video: aiortc's ``JitterBuffer`` knows a frame is complete only when the next frame's first packet
+arrives, one frame interval late. Senders set the RTP marker bit on a frame's last packet (RFC 3550;
+VP8 and H.264 payload formats), so a contiguous run with one timestamp ending in a marker is a whole
+frame; without a marker the base behaviour applies.
 
-Audio: aiortc's audio buffer (capacity 16, prefetch 4) hands a packet to the decoder only once four
-later ones have arrived — 80 ms on every word — and on a lost packet it stalls until 16 later
-packets have arrived, then keeps that 300 ms backlog for the rest of the session, since it releases
-one packet per packet received. Every Opus RTP packet is a whole frame (RFC 7587), so
-:class:`AudioJitterBuffer` releases packets in order as they arrive, waits for a missing one only
-while at most ``max_wait`` later packets have come (reordering), then skips it: the ASR hears a
-short silence instead of everything late.
+Audio: aiortc's audio buffer hands a packet on only once four later ones have arrived, and after a
+loss keeps a backlog for the rest of the session. Every Opus RTP packet is a whole frame (RFC 7587),
+so :class:`AudioJitterBuffer` releases packets in order as they arrive, waits for a missing one only
+while at most ``max_wait`` later packets have come (reordering), then skips it: the ASR hears a short
+silence instead of everything late.
 """
 
 from __future__ import annotations

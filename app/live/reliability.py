@@ -140,19 +140,14 @@ def bound_native_memory(arenas: int = 2, onednn_cache: int = 256) -> bool:
     the server loads models or starts threads (``synchrony serve`` does). Returns False where glibc
     is not there (the arena cap then does nothing).
 
-    * glibc gives each contending thread its own malloc arena (up to 8 per core); the codec, AU,
-      ASR and executor threads of short sessions land in different arenas over time, each keeping
-      its freed pages fragmented, and ``malloc_trim`` could not hand them back. Two arenas (as
-      ``MALLOC_ARENA_MAX=2``): 110 MB lower baseline and flat after warm-up.
-    * oneDNN caches a compiled primitive per input shape (default 1024 of them); Whisper's encoder
-      runs on audio windows of ever-new lengths, so that cache filled session after session.
-      256 entries cost no measurable ASR CPU (bench/asr_stream.py, CPU RTF 0.485–0.506 vs 0.484–0.521
-      at the default); 64 cost 8–15 % (0.548–0.562), rebuilding primitives it had evicted.
+    * glibc gives each contending thread its own malloc arena; short sessions' codec, AU, ASR and
+      executor threads land in ever different arenas, each keeping its freed pages fragmented. Two
+      arenas (as ``MALLOC_ARENA_MAX=2``) keep the baseline low and flat after warm-up.
+    * oneDNN caches a compiled primitive per input shape; Whisper's encoder sees ever-new window
+      lengths, so the default cache filled session after session. 256 entries cost no measurable
+      ASR CPU; fewer rebuild evicted primitives. An explicit ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` wins.
 
-    bench/soak.py, idle server RSS over connect/disconnect cycles: +46 MB after 80 cycles with
-    neither bound; +21.5 MB with the arena cap alone (flat after 40); with both (cache 256, after 10
-    warm cycles) +8.9 MB over 200. An explicit ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` in the environment
-    wins.
+    The figures behind both choices (bench/soak.py) are in docs/benchmarks-history.md.
     """
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(onednn_cache))
     libc = _libc()

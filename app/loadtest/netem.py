@@ -1,18 +1,14 @@
 """Userspace network impairment for one WebRTC peer: seeded loss, burst loss, delay, jitter, reordering.
 
-The kernel's netem qdisc is not available on these machines, so the load-test peers impair their
-own datagrams. The seam is aioice's ``Connection``: every non-STUN datagram (DTLS, SRTP, SCTP)
-leaves through ``Connection.sendto`` and arrives through ``Connection.data_received``. Both are
-looked up on the instance, so replacing them there impairs both directions of that peer without
-touching the library; aiortc's ``RTCIceTransport`` reaches them through ``Connection.send`` /
-``recv``. STUN (ICE checks and consent) is left alone, so a lossy link stays "connected" the way
-a real one does while ICE keeps working.
+The kernel's netem qdisc is not available here, so load-test peers impair their own datagrams at
+aioice's ``Connection.sendto`` / ``data_received`` (every DTLS, SRTP and SCTP datagram passes there;
+replacing them on the instance impairs both directions of that peer only). STUN is left alone, so a
+lossy link stays "connected" the way a real one does while ICE keeps working.
 
-Every decision comes from a ``random.Random`` seeded by (seed, direction) and advances once per
-datagram, so the same packet sequence gets the same fate: runs are reproducible. Delay profiles
-that vary with time (stepwise degradation, link jitter, first-frame blocking) use the link time:
-seconds since the first RTP/RTCP datagram in either direction (RFC 7983: first byte 128-191), so
-the DTLS handshake before it sees time zero and is never "first-frame blocked".
+Every decision comes from a ``random.Random`` seeded by (seed, direction), advanced once per
+datagram: runs are reproducible. Time-varying profiles (stepwise degradation, link jitter,
+first-frame blocking) use link time: seconds since the first RTP/RTCP datagram in either direction
+(RFC 7983), so the DTLS handshake before it is never "first-frame blocked".
 """
 
 from __future__ import annotations
