@@ -8,13 +8,12 @@ import multiprocessing as mp
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 #: What the lanes' fork server imports before it forks any lane: the default model, loaded once.
 LANE_PRELOAD = "models.asr.lane_preload"
 
 
-def spawn_lane(target: Callable[..., None], name: str, *args: Any,
+def spawn_lane(target: Callable[..., None], name: str, *args: object,
                default_model: bool = True) -> tuple[Connection, BaseProcess]:
     """A child running ``target(pipe, *args)``, forked from multiprocessing's fork server (a fresh
     process, not the server: its threads must not be forked); a daemon, so it never outlives the

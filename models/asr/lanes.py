@@ -10,10 +10,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 import numpy as np
 
@@ -78,6 +77,72 @@ def warm_stream(engine: Engine, config: StreamingConfig, speech: np.ndarray) -> 
     stream.flush()
 
 
+# --- what a lane process and its parent say over the pipe: one small record per message ---------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Child → parent, once: the model is loaded."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Parent → child: return."""
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """Parent → child: transcribe ``audio`` once (the engine's first inference)."""
+
+    audio: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class WarmStream:
+    """Parent → child: run the streaming path once on ``speech``."""
+
+    speech: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Parent → child: one lane turn of stream ``sid`` (see :func:`feed_turn`)."""
+
+    sid: str
+    chunks: list[AudioChunk] = field(repr=False)
+    held: int
+    closing: bool
+    step_s: float
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """Child → parent: a warm-up finished (``seconds``: its first inference, for ``Warmup``)."""
+
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Child → parent: a job's events, its decodes and their seconds, and the stream's ``quiet_until``."""
+
+    events: list[ASREvent | None]
+    decodes: int
+    decode_s: float
+    quiet_until: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Child → parent: the request failed (the parent closes that stream; the lane goes on)."""
+
+    message: str
+
+
+LaneRequest = Stop | Warmup | WarmStream | Job
+LaneReply = Ready | Warmed | Turn | Failed
+
+
 #: A lane process's nice value above the server's: the event loop's RTP and audio work (whose audio the
 #: lanes wait for) then gets its core first when both want one; a decode takes tens of ms, a late packet
 #: holds up every session.
@@ -96,39 +161,42 @@ def lane_main(conn: Connection, whisper_path: str | None, config: StreamingConfi
     engine = get_engine("whisper", load_whisper(whisper_path) if whisper_path else None, int8=config.int8)
     warm_this_thread()
     streams: dict[str, StreamingASR] = {}
-    conn.send(("ready",))
+    conn.send(Ready())
     while True:
         try:
-            msg = conn.recv()
+            msg: LaneRequest = conn.recv()
         except EOFError:
             return
         try:
-            if msg[0] == "stop":
+            if isinstance(msg, Stop):
                 return
-            if msg[0] == "warmup":
-                t = time.perf_counter()
-                engine.transcribe(msg[1])
-                conn.send(("ok", time.perf_counter() - t))
-                continue
-            if msg[0] == "warm_stream":
-                warm_stream(engine, config, msg[1])
-                conn.send(("ok",))
-                continue
-            _, sid, chunks, held, closing, step_s = msg
-            asr = streams.get(sid)
-            if asr is None:
-                asr = streams[sid] = StreamingASR(engine, replace(config, step_s=step_s))
-            elif asr.config.step_s != step_s:
-                asr.config = replace(asr.config, step_s=step_s)
-            before_n, before_s = asr.decode_count, asr.decode_s
-            events = feed_turn(asr, chunks, closing, held)
-            if closing:
-                del streams[sid]
-            conn.send(("ok", events, asr.decode_count - before_n, asr.decode_s - before_s, asr.quiet_until()))
+            conn.send(_answer(msg, engine, config, streams))
         except Exception as exc:  # noqa: BLE001 - the parent closes that stream; the lane goes on
-            if msg[0] == "job":
-                streams.pop(msg[1], None)
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            if isinstance(msg, Job):
+                streams.pop(msg.sid, None)
+            conn.send(Failed(f"{type(exc).__name__}: {exc}"))
+
+
+def _answer(msg: Warmup | WarmStream | Job, engine: Engine, config: StreamingConfig,
+            streams: dict[str, StreamingASR]) -> LaneReply:
+    """A lane process's reply to one request."""
+    if isinstance(msg, Warmup):
+        t = time.perf_counter()
+        engine.transcribe(msg.audio)
+        return Warmed(time.perf_counter() - t)
+    if isinstance(msg, WarmStream):
+        warm_stream(engine, config, msg.speech)
+        return Warmed()
+    asr = streams.get(msg.sid)
+    if asr is None:
+        asr = streams[msg.sid] = StreamingASR(engine, replace(config, step_s=msg.step_s))
+    elif asr.config.step_s != msg.step_s:
+        asr.config = replace(asr.config, step_s=msg.step_s)
+    before_n, before_s = asr.decode_count, asr.decode_s
+    events = feed_turn(asr, msg.chunks, msg.closing, msg.held)
+    if msg.closing:
+        del streams[msg.sid]
+    return Turn(events, asr.decode_count - before_n, asr.decode_s - before_s, asr.quiet_until())
 
 
 class InLaneProcesses:
@@ -176,13 +244,13 @@ class ProcessLane:
                                                       default_model=self._args[0] is None)
         self._ready = False
 
-    def _call(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _call(self, msg: LaneRequest) -> LaneReply:
         with self._lock:
             if self._broken is not None:
                 raise RuntimeError(self._broken)
             try:
                 if not self._ready:
-                    self._conn.recv()  # ("ready",): the model is loaded
+                    self._conn.recv()  # Ready: the model is loaded
                     self._ready = self._ever_ready = True
                 self._conn.send(msg)
                 reply = self._conn.recv()
@@ -197,26 +265,27 @@ class ProcessLane:
                 log.error("ASR lane process %s ended (exit code %s); starting it again", self._name, code)
                 self._start()
                 raise RuntimeError(f"ASR lane process ended (exit code {code})") from exc
-        if reply[0] == "error":
-            raise RuntimeError(f"ASR lane process: {reply[1]}")
+        if isinstance(reply, Failed):
+            raise RuntimeError(f"ASR lane process: {reply.message}")
         return reply
 
     def warmup(self, audio: np.ndarray) -> None:
-        self._call(("warmup", audio))
+        self._call(Warmup(audio))
 
     def warm_stream(self, speech: np.ndarray) -> None:
-        self._call(("warm_stream", speech))
+        self._call(WarmStream(speech))
 
     def run(self, sid: str, chunks: list[AudioChunk], held: int, closing: bool, step_s: float,
             ) -> tuple[list[ASREvent | None], int, float, float]:
-        """One turn of stream ``sid`` in the child (``_feed``): (events, decodes, decode seconds, the
-        stream's ``quiet_until`` after it)."""
-        _, events, n, spent, quiet = self._call(("job", sid, chunks, held, closing, step_s))
-        return events, n, spent, quiet
+        """One turn of stream ``sid`` in the child (:func:`_answer`): (events, decodes, decode seconds,
+        the stream's ``quiet_until`` after it)."""
+        reply = self._call(Job(sid, chunks, held, closing, step_s))
+        assert isinstance(reply, Turn)
+        return reply.events, reply.decodes, reply.decode_s, reply.quiet_until
 
     def stop(self) -> None:
         try:
-            self._conn.send(("stop",))
+            self._conn.send(Stop())
         except (OSError, ValueError):
             pass
         self.proc.join(timeout=5)
