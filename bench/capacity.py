@@ -39,6 +39,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from baseline import baseline_tree  # noqa: E402 - bench/baseline.py, beside this script
+
 from app.live.cpu_account import STAGES  # noqa: E402
 from app.loadtest import config, loopclip, rounds, spawn  # noqa: E402
 
@@ -230,7 +232,7 @@ def main() -> int:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline:
-            base = spawn.baseline_tree(args.baseline, Path(tmp))
+            base = baseline_tree(args.baseline, Path(tmp))
             runs.append(measure(f"baseline {args.baseline}", base, args, out_dir))
         runs.append(measure("this tree", None, args, out_dir))
         for variant in args.variant:

@@ -29,6 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from baseline import baseline_tree  # noqa: E402 - bench/baseline.py, beside this script
+
 from app.loadtest import config, rounds, spawn  # noqa: E402
 from app.loadtest.verdict import L3_BOUND, P95_BOUND_MS  # noqa: E402
 
@@ -85,7 +87,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trees: list[tuple[str, Path | None]] = [("this tree", None)]
         if args.baseline:
-            trees.insert(0, (f"baseline {args.baseline}", spawn.baseline_tree(args.baseline, Path(tmp))))
+            trees.insert(0, (f"baseline {args.baseline}", baseline_tree(args.baseline, Path(tmp))))
         for k in range(args.rounds):
             for label, code_dir in trees:
                 r = one_round(label, code_dir, args, out_dir, k)

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -47,6 +47,9 @@ sys.path.insert(0, str(ROOT))
 from app.live.reliability import LoopLag  # noqa: E402
 from app.loadtest import testmedia  # noqa: E402
 from app.loadtest.peer import WhipError, WhipPeer  # noqa: E402
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 RSS_GROWTH_MB = 20.0
 REAP_SLACK_S = 3.0
@@ -64,11 +67,24 @@ QUEUE_BOUNDS: dict[str, float | None] = {
 # --- the server process -----------------------------------------------------------------------
 
 
+def install_debug_route(app: FastAPI, path: str = "/debug/resources") -> None:
+    """Add ``GET path`` (``?gc=1``, ``?trim=1``: see ``app.live.reliability.snapshot``) returning JSON."""
+    from fastapi import Request
+
+    from app.live.reliability import snapshot
+
+    async def resources(request: Request) -> dict[str, object]:
+        q = request.query_params
+        return snapshot(app, collect=q.get("gc") == "1", trim=q.get("trim") == "1").as_dict()
+
+    app.add_api_route(path, resources, methods=["GET"])
+
+
 def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:
     """Child process: the real server (all models warmed) plus the debug route; port → port_file."""
     import logging
 
-    from app.live.reliability import bound_native_memory, install_debug_route
+    from app.live.reliability import bound_native_memory
 
     bound_native_memory()  # as `synchrony serve` does
     from app.live.server import ServerConfig, create_app, running_server

@@ -22,10 +22,29 @@ import time
 import httpx
 import numpy as np
 
-from app.live.reliability import LoopLag, ResourceSnapshot, lower_thread_priority, own_threads, settle, snapshot
+from app.live.reliability import LoopLag, ResourceSnapshot, lower_thread_priority, snapshot
 from app.live.server import ServerConfig, create_app, running_server
 from app.loadtest.peer import WhipPeer
 from tests.live_fixtures import live_stages, whip_offer  # noqa: F401 - shared session fixture
+
+
+def own_threads(snap: ResourceSnapshot) -> int:
+    """Threads other than asyncio's default executor and the sessions' render pool (pools that grow
+    lazily to a fixed size)."""
+    return sum(1 for n in snap.thread_names if not n.startswith(("asyncio_", "render_")))
+
+
+async def settle(app, timeout: float = 15.0, baseline: ResourceSnapshot | None = None) -> ResourceSnapshot:
+    """Wait until no session and no ASR stream is left (and, given a baseline, threads are back)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = snapshot(app)
+        done = snap.sessions == 0 and snap.asr_streams == 0
+        if baseline is not None:
+            done = done and own_threads(snap) <= own_threads(baseline) and snap.tasks <= baseline.tasks
+        if done or time.monotonic() > deadline:
+            return snapshot(app, collect=True)
+        await asyncio.sleep(0.1)
 
 
 def _vanish(peer: WhipPeer) -> int:

@@ -17,8 +17,6 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fastapi import Request
-
 if TYPE_CHECKING:
     from aiortc import RTCDataChannel
 
@@ -235,31 +233,3 @@ def snapshot(app: Any, collect: bool = False, trim: bool = False) -> ResourceSna
         asr_queued_s=round(queued, 3), asr_dropped_s=round(dropped, 3), camera_frames=camera,
         tokens_held=tokens, frame_words=frame_words, channel_buffered=buffered,
     )
-
-
-def install_debug_route(app: Any, path: str = "/debug/resources") -> None:
-    """Add ``GET path`` (``?gc=1``, ``?trim=1``: see ``snapshot``) returning JSON; for benches only."""
-    async def resources(request: Request) -> dict[str, Any]:
-        q = request.query_params
-        return snapshot(app, collect=q.get("gc") == "1", trim=q.get("trim") == "1").as_dict()
-
-    app.add_api_route(path, resources, methods=["GET"])
-
-
-def own_threads(snap: ResourceSnapshot) -> int:
-    """Threads other than asyncio's default executor and the sessions' render pool (pools that grow
-    lazily to a fixed size)."""
-    return sum(1 for n in snap.thread_names if not n.startswith(("asyncio_", "render_")))
-
-
-async def settle(app: Any, timeout: float = 15.0, baseline: ResourceSnapshot | None = None) -> ResourceSnapshot:
-    """Wait until no session and no ASR stream is left (and, given a baseline, threads are back)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        snap = snapshot(app)
-        done = snap.sessions == 0 and snap.asr_streams == 0
-        if baseline is not None:
-            done = done and own_threads(snap) <= own_threads(baseline) and snap.tasks <= baseline.tasks
-        if done or time.monotonic() > deadline:
-            return snapshot(app, collect=True)
-        await asyncio.sleep(0.1)

@@ -39,17 +39,6 @@ def base_url(whip_url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def baseline_tree(ref: str, into: Path) -> Path:
-    """The source tree of this repository's git ``ref`` (``git archive``), unpacked under ``into``: the
-    ``code_dir`` of a benchmark's baseline server, so two commits can be measured in one run."""
-    root = Path(__file__).resolve().parents[2]
-    tree = into / f"baseline-{ref}"
-    tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(root), "archive", ref], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    return tree
-
-
 class SpawnedServer:
     """``synchrony serve`` in a subprocess on 127.0.0.1 and a free port, logging to a file."""
 
