@@ -168,21 +168,6 @@ def detect_flashes(pts: Sequence[float], scores: Sequence[float]) -> list[float]
     return out
 
 
-def pair_markers(clicks: Sequence[float], flashes: Sequence[float], max_pair_s: float = 0.5) -> list[float]:
-    """Offsets (flash − click) of each flash paired with the nearest unused click within ``max_pair_s``."""
-    used: set[int] = set()
-    out = []
-    for f in flashes:
-        best, best_d = None, max_pair_s
-        for i, c in enumerate(clicks):
-            if i not in used and abs(f - c) <= best_d:
-                best, best_d = i, abs(f - c)
-        if best is not None:
-            used.add(best)
-            out.append(f - clicks[best])
-    return out
-
-
 # --- lip evidence --------------------------------------------------------------------------------
 
 def _envelope_grid(samples: np.ndarray, step_s: float = 0.001, window_s: float = 0.04) -> np.ndarray:
