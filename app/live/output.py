@@ -27,10 +27,11 @@ from alignment.types import WordToken
 from app.live.au import FaceAnalysis
 from app.live.convert import rgb
 from app.live.degrade import Degradation
+from app.live.level3 import SyncStage
 from app.live.observe import Drop, SessionObserver
 from app.live.reliability import lower_thread_priority
 from app.live.stages import SessionConfig, Stage, StageHost, Stages
-from app.live.words import SyncStage, Transcript
+from app.live.words import Transcript
 from models.video import RenderRequest
 
 try:

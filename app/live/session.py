@@ -39,13 +39,14 @@ from app.live.au import FaceAnalysis
 from app.live.degrade import Degradation
 from app.live.events import ErrorEvent, HelloEvent, TokenEvent
 from app.live.ingest import MAX_VIDEO_PIXELS, open_track, read_audio, read_video
+from app.live.level3 import OffsetFeed, SyncStage
 from app.live.observe import Drop, MetricsObserver
 from app.live.output import CameraFrames, FrameComposer, OutputTrack
 from app.live.response import Responses
 from app.live.server_metrics import ServerMetrics
 from app.live.stages import SessionConfig, Stage, Stages, WireEvent, attempt
 from app.live.turns import TurnDetector
-from app.live.words import OffsetFeed, SyncStage, Transcript
+from app.live.words import Transcript
 
 log = logging.getLogger("synchrony.session")
 
