@@ -96,14 +96,19 @@ class OpenAITTS:
         if aligned is None:
             raise TTSError(f"TTS at {self.url} returned audio in which the words could not be found")
         spans, phone_spans = aligned
+        duration = len(audio) / SAMPLE_RATE
+
+        def clip(t: float) -> float:  # the aligner may put a first word in the silence it padded with
+            return min(max(t, 0.0), duration)
+
         phones = tuple(SpokenPhone(p, s, e) for p, s, e in phone_spans)
         if self.sample_rate != SAMPLE_RATE:
             from alignment.espeak import resample
 
             audio = resample(audio, SAMPLE_RATE, self.sample_rate)
+        timed = [None if s is None else (clip(s.start), clip(s.end)) for s in spans]
         return SpokenPhrase(text=text, audio=audio, sample_rate=self.sample_rate,
-                            words=display_words(words, [None if s is None else (s.start, s.end) for s in spans]),
-                            phones=phones)
+                            words=display_words(words, timed), phones=phones)
 
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
