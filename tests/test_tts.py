@@ -297,6 +297,23 @@ async def test_festival_restarts_a_killed_process():
 
 
 @needs_festival
+async def test_festival_phrase_survives_its_process_dying_midway():
+    tts = FestivalTTS(processes=1)
+    try:
+        await tts.synthesize("Warm.", 160.0)
+        (pid,) = tts.pids
+        text = "This phrase is long enough that its process is killed while it is being spoken. " * 3
+        task = asyncio.create_task(tts.synthesize(text, 160.0))
+        await asyncio.sleep(0.03)
+        os.kill(pid, signal.SIGKILL)
+        phrase = await task
+        assert [w.text for w in phrase.words] == text.split() and tts.restarts == 1
+        check_times(phrase)
+    finally:
+        await tts.aclose()
+
+
+@needs_festival
 async def test_festival_times_out_then_serves_the_next_phrase():
     tts = FestivalTTS(processes=1, timeout_s=0.01)
     try:
