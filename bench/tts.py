@@ -4,9 +4,8 @@ On a fixed set of answer sentences, with a warm FestivalTTS pool (the product's 
 
 * time to first phrase audio: the PhraseChunker's first phrase of each answer (streamed in as
   sub-word pieces), from the request to the SpokenPhrase in hand; p50 / p95;
-* real-time factor (synthesis wall time / audio duration), one phrase at a time and two at once;
-* CPU-ms per second of speech: the pool's festival processes (/proc) and this process (parsing,
-  resampling) separately;
+* real-time factor (synthesis wall / audio duration), one phrase at a time and two at once, and
+  CPU-ms per second of speech: festival's processes (/proc) and this process apart;
 * word onsets against an independent measure: festival's own times vs the forced aligner's on the
   same audio; and OpenAITTS (forced aligner) vs the stand-in's exact espeak-ng onsets;
 * Whisper tiny.en WER on the synthesized sentences (offline path, ``models.asr.transcribe_words``),
