@@ -334,6 +334,7 @@ async def test_festival_times_out_then_serves_the_next_phrase():
 async def test_festival_pool_serves_concurrent_sessions(festival):
     texts = [f"Session {i} asked about item number {i * 7}." for i in range(6)]
     random.Random(3).shuffle(texts)
+    await festival.warm()
     phrases = await asyncio.gather(*(festival.synthesize(t, 150.0 + 5 * i) for i, t in enumerate(texts)))
     for text, phrase in zip(texts, phrases, strict=True):
         assert phrase.text == text
@@ -368,6 +369,7 @@ async def standin():
 
 async def test_openai_tts_times_words_by_forced_alignment(standin):
     tts = OpenAITTS(standin.base_url)
+    await tts.warm()
     text = "Please send the report to my office before noon, thank you."
     phrase = await tts.synthesize(text, 160.0)
     assert [w.text for w in phrase.words] == text.split()

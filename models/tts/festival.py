@@ -254,6 +254,10 @@ class FestivalTTS:
         """CPU seconds the pool's festival processes have used, ended ones included."""
         return sum(p.cpu_s_dead + process_cpu_s(p.pid) for p in self._procs)
 
+    async def warm(self) -> None:
+        """Every process's voice loaded and used once (a server calls this before it is ready)."""
+        await asyncio.gather(*(self.synthesize("Ready.", NATURAL_WPM[self.voice]) for _ in self._procs))
+
     async def synthesize(self, text: str, wpm: float) -> SpokenPhrase:
         wpm = check_request(text, wpm)
         if self._closed:

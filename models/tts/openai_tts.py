@@ -54,6 +54,12 @@ class OpenAITTS:
         self._timeout = httpx.Timeout(connect=connect_timeout_s, read=timeout_s, write=5.0, pool=5.0)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-align")
 
+    async def warm(self) -> None:
+        """The aligner's decoder built in the worker thread (the endpoint itself is not called)."""
+        from alignment.forced import warm_this_thread
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, warm_this_thread)
+
     async def synthesize(self, text: str, wpm: float) -> SpokenPhrase:
         wpm = check_request(text, wpm)
         words = normalize_text(text)
