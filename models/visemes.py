@@ -58,9 +58,9 @@ VISEMES: dict[str, MouthShape] = {
     "RR": MouthShape(0.25, 0.4, 0.5),    # r er: lips a little rounded
     "aa": MouthShape(0.9, 0.6, 0.05),    # aa ae ah ax: open jaw
     "E": MouthShape(0.55, 0.75, 0.0),    # eh: half open, spread
-    "I": MouthShape(0.3, 0.8, 0.0),      # ih iy y: nearly closed, spread
-    "O": MouthShape(0.65, 0.4, 0.8),     # ao ow: open and round
-    "U": MouthShape(0.3, 0.3, 0.95),     # uh uw w: small and round
+    "I": MouthShape(0.22, 0.8, 0.0),      # ih iy y: nearly closed, spread
+    "O": MouthShape(0.7, 0.45, 0.75),     # ao ow: open and round
+    "U": MouthShape(0.25, 0.3, 0.95),     # uh uw w: small and round
 }
 
 #: Festival's radio phone set (``PhoneSet.description`` of the HTS voice) → viseme.
@@ -136,9 +136,9 @@ def mouth_at(phones: Sequence[SpokenPhone], t: float, *, frame_s: float | None =
 
     Inside phone i the mouth holds i's shape; over the last ``BLEND_S`` of i (at most half of it) it
     moves linearly to phone i+1's starting shape. A closure (m, b, p) is fully shut throughout, and
-    the phone before it closes towards it. ``frame_s``: a frame's period; when given, a closure that
-    overlaps ``t ± frame_s / 2`` shuts this frame's mouth, so a short m/b/p that falls between two
-    frames is still seen on one.
+    the phone before it closes towards it. ``frame_s``: a frame's period; when given, a closure whose
+    middle lies in ``[t - frame_s / 2, t + frame_s / 2)`` also shuts this frame's mouth, so a short
+    m/b/p that falls between two frames is still seen, on the frame nearest to it.
     """
     if not phones:
         return REST
@@ -152,7 +152,8 @@ def mouth_at(phones: Sequence[SpokenPhone], t: float, *, frame_s: float | None =
         half = frame_s / 2.0
         j = bisect.bisect_right(ends, t - half)
         while j < len(phones) and phones[j].start < t + half:
-            if phones[j].phone.strip().lower() in CLOSURES and phones[j].end > t - half:
+            mid = (phones[j].start + phones[j].end) / 2.0
+            if phones[j].phone.strip().lower() in CLOSURES and t - half <= mid < t + half:
                 return _closed(shape_of(phones[j].phone))
             j += 1
     return shape
