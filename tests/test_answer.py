@@ -244,7 +244,6 @@ async def test_barge_in_detector_stops_the_answer(live_stages, voice, av_clip): 
     its onset, counted in /metrics; the answer's own audio never reaches the ASR as user words."""
     pytest.importorskip("models.bargein")
     import httpx
-
     from models.bargein import BargeInDetector
 
     stages = _speaking_stages(live_stages, voice, make_bargein=BargeInDetector)
