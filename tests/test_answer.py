@@ -43,6 +43,7 @@ class AnswerPeer(WhipPeer):
         self.avatar = avatar
         self.audio = np.zeros(0, np.float32)
         self.avatar_frames: list[tuple[float, np.ndarray]] = []  # (pts s, RGB)
+        self.reports: dict[str, list[tuple[float, int]]] = {}  # sender reports of the answer's tracks
         create_offer = self.pc.createOffer
 
         async def offer():  # the avatar's m-line after the camera's (the server takes the second video)
@@ -58,8 +59,28 @@ class AnswerPeer(WhipPeer):
             videos = [t for t in self.pc.getTransceivers() if t.kind == "video"]
             if len(videos) > 1:
                 share_transport(videos[1], videos[0])
+                self._hook_reports("video", videos[1].receiver)
+            audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
+            self._hook_reports("audio", audio.receiver)
 
         self.pc.setRemoteDescription = set_answer
+
+    def _hook_reports(self, kind: str, receiver) -> None:
+        """Keep the sender reports of the answer's tracks: (NTP s, RTP timestamp)."""
+        from aiortc.rtp import RtcpSrPacket
+
+        from alignment.clock import ntp_to_seconds
+
+        self.reports.setdefault(kind, [])
+        original = receiver._handle_rtcp_packet
+
+        async def handle(packet):
+            if isinstance(packet, RtcpSrPacket):
+                info = packet.sender_info
+                self.reports[kind].append((ntp_to_seconds(info.ntp_timestamp), info.rtp_timestamp))
+            await original(packet)
+
+        receiver._handle_rtcp_packet = handle
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         videos = [t for t in self.pc.getTransceivers() if t.kind == "video"]
@@ -149,6 +170,12 @@ async def test_answer_is_spoken_with_avatar_in_one_stream(live_stages, voice, av
         print(f"drawn mouth open (received frames): max {opens.max():.3f}, frames open {np.mean(opens > 0.01):.0%}")
         assert opens.max() > 0.02 and np.mean(opens > 0.01) > 0.1 and np.mean(opens < 0.005) > 0.05
         assert syncs and np.mean([s["ok"] for s in syncs]) >= 0.9
+        # Sender reports on the media clock: NTP - RTP/rate is one constant per track, not the send jitter.
+        for kind, rate in (("audio", 48000), ("video", 90000)):
+            reports = [(ntp, rtp) for ntp, rtp in peer.reports[kind]][1:]  # the first may be aiortc's own
+            spread = np.ptp([ntp - ((rtp - reports[0][1]) % 2**32) / rate for ntp, rtp in reports]) * 1000
+            print(f"{kind}: {len(reports)} sender reports, NTP-RTP spread {spread:.2f} ms")
+            assert len(reports) >= 3 and spread < 2.0
         await peer.close()
 
 
