@@ -37,7 +37,7 @@ class EchoConfig:
     pre_delay_s: float = 0.02  # the filter starts this much before the estimated delay
     step: float = 1.0  # background NLMS step (normalized over the whole filter; stable below 2)
     bands: int = 24
-    floor: float = 0.001  # gain of bands explained by echo (-60 dB)
+    floor: float = 1e-4  # gain of bands explained by echo (-80 dB: at -60 dB Whisper still heard words)
     over: float = 4.0  # over-subtraction of the predicted residual echo
     coupling0: float = 2.0  # prior residual/played power ratio before anything is learned
     rt60_s: float = 0.8  # decay assumed for the predicted residual's reverberant tail
