@@ -1,0 +1,323 @@
+"""Acoustic echo cancellation: remove the spoken answer's echo from the user's microphone.
+
+The answer audio comes back in the mic delayed (network + playout + room), filtered and reverberant.
+Three stages, numpy only, per mic block on the session clock:
+
+1. Bulk delay: GCC-PHAT between the mic and the played audio (decimated to 4 kHz) over the last
+   second, only while echo may arrive; a new delay needs two agreeing confident estimates.
+2. Linear echo path: a partitioned-block frequency-domain NLMS filter around that delay. Double
+   talk is handled with two filters: a background filter always adapts, the foreground (whose
+   output is used) copies it only when it cancels better, and is copied back when it diverges.
+3. Residual echo suppression: per band, the echo still left is predicted from the played audio's
+   band power (aligned, with a reverberant decay) times a learned coupling; bands the prediction
+   explains are pulled down to a floor, bands louder than it (the user) pass.
+
+When nothing was played recently ``process`` returns the chunk itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from alignment.types import SAMPLE_RATE, AudioChunk
+
+_DECIM = 4  # delay estimation runs at 4 kHz
+
+
+@dataclass(frozen=True)
+class EchoConfig:
+    """Tuning of the canceller; times in seconds."""
+
+    max_delay_s: float = 0.5  # bulk delay searched (network + playout + room direct path)
+    tail_s: float = 0.7  # echo still arrives this long after the delayed end of the played audio
+    block: int = 320  # samples per adaptive-filter block (20 ms)
+    partitions: int = 12  # filter length = partitions * block
+    pre_delay_s: float = 0.02  # the filter starts this much before the estimated delay
+    step: float = 1.0  # background NLMS step (normalized over the whole filter; stable below 2)
+    bands: int = 24
+    floor: float = 1e-4  # gain of bands explained by echo (-80 dB: at -60 dB Whisper still heard words)
+    over: float = 4.0  # over-subtraction of the predicted residual echo
+    coupling0: float = 2.0  # prior residual/played power ratio before anything is learned
+    rt60_s: float = 0.8  # decay assumed for the predicted residual's reverberant tail
+    delay_every_s: float = 0.5  # delay re-estimation period once locked (0.1 s before)
+    delay_window_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.block < 32 or self.partitions < 1 or not 0 < self.step < 2:
+            raise ValueError(f"bad echo filter shape: block={self.block} partitions={self.partitions} step={self.step}")
+        if not 0 < self.floor <= 1 or self.max_delay_s <= 0 or self.tail_s < 0:
+            raise ValueError("echo floor must be in (0, 1] and delays positive")
+
+
+class _Ring:
+    """Samples (or rows) by absolute index; unknown or overwritten positions read as zeros."""
+
+    def __init__(self, size: int, width: int = 0) -> None:
+        self.size = size
+        self.buf = np.zeros((size, width) if width else size, np.float32)
+        self.end = 0  # one past the last written absolute index
+        self.start = 0  # first absolute index ever written
+
+    def write(self, at: int, data: np.ndarray) -> None:
+        n = len(data)
+        if n == 0:
+            return
+        if self.end == 0 and self.start == 0:
+            self.start = at
+        if at > self.end:  # a gap reads as silence
+            gap = min(at - self.end, self.size)
+            idx = np.arange(at - gap, at) % self.size
+            self.buf[idx] = 0
+        if n > self.size:
+            data, at = data[-self.size :], at + n - self.size
+            n = self.size
+        idx = np.arange(at, at + n) % self.size
+        self.buf[idx] = data
+        self.end = max(self.end, at + n)
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        out = np.zeros((b - a, *self.buf.shape[1:]), np.float32)
+        lo, hi = max(a, self.end - self.size, self.start), min(b, self.end)
+        if hi > lo:
+            out[lo - a : hi - a] = self.buf[np.arange(lo, hi) % self.size]
+        return out
+
+
+def _band_edges(bins: int, bands: int) -> np.ndarray:
+    """Mel-spaced band edges over ``bins`` rfft bins (first band starts at bin 1)."""
+    mel = np.linspace(0, 2595 * np.log10(1 + (SAMPLE_RATE / 2) / 700), bands + 1)
+    hz = 700 * (10 ** (mel / 2595) - 1)
+    edges = np.unique(np.clip(np.round(hz / (SAMPLE_RATE / 2) * (bins - 1)).astype(int), 1, bins))
+    return edges
+
+
+class DelayEstimator:
+    """GCC-PHAT of the mic against the played audio at 4 kHz: the bulk delay and its confidence."""
+
+    def __init__(self, max_delay_s: float, window_s: float) -> None:
+        self.max_lag = int(max_delay_s * SAMPLE_RATE) // _DECIM
+        self.win = int(window_s * SAMPLE_RATE) // _DECIM
+        n = self.win + self.win + self.max_lag
+        self.nfft = 1 << (n - 1).bit_length()
+
+    def estimate(self, mic: np.ndarray, far: np.ndarray) -> tuple[int, float]:
+        """``mic``: the last window; ``far``: the played audio over max_delay + window ending at the same
+        time (16 kHz). Returns (delay in 16 kHz samples, peak-to-spread ratio)."""
+        m = mic[: len(mic) // _DECIM * _DECIM].reshape(-1, _DECIM).mean(axis=1)
+        f = far[: len(far) // _DECIM * _DECIM].reshape(-1, _DECIM).mean(axis=1)
+        cross = np.conj(np.fft.rfft(m, self.nfft)) * np.fft.rfft(f, self.nfft)
+        cross /= np.abs(cross) + 1e-12
+        corr = np.fft.irfft(cross, self.nfft)[: self.max_lag + 1]
+        k = int(np.argmax(corr))
+        spread = float(np.std(corr)) + 1e-12
+        return (self.max_lag - k) * _DECIM, float(corr[k] / spread)
+
+
+class EchoCanceller:
+    """Per-session echo canceller: ``played`` the answer audio as sent, ``process`` every mic chunk.
+
+    Both sides are stamped on the session clock; the echo delay is found, not assumed.
+    """
+
+    def __init__(self, config: EchoConfig | None = None) -> None:
+        cfg = self.config = config or EchoConfig()
+        self.B, self.P = cfg.block, cfg.partitions
+        self.N = 2 * self.B
+        bins = self.B + 1
+        span_s = cfg.max_delay_s + cfg.tail_s + cfg.delay_window_s
+        self._far = _Ring(int(span_s * SAMPLE_RATE) + self.N * (self.P + 2))
+        self._mic = _Ring(int(cfg.delay_window_s * SAMPLE_RATE) + self.N)
+        self._fpow = _Ring(int(4 * SAMPLE_RATE) // self.B, cfg.bands)  # played band power per block-grid frame
+        self._edges = _band_edges(bins, cfg.bands)
+        self.bands = len(self._edges) - 1
+        self._band_of = np.repeat(np.arange(self.bands), np.diff(self._edges))
+        self._hf = np.zeros((self.P, bins), np.complex64)  # foreground filter (used)
+        self._hb = np.zeros((self.P, bins), np.complex64)  # background filter (always adapts)
+        self._ef = self._eb = 0.0  # smoothed error energies of the two filters
+        self._pxx = np.full(bins, 1e-6, np.float32)
+        self._err = np.zeros(self.B, np.float32)  # previous block's output (suppression frame)
+        self._coupling = np.full(self.bands, cfg.coupling0, np.float32)
+        self._smooth_e = np.zeros(self.bands, np.float32)
+        self._smooth_s = np.zeros(self.bands, np.float32)
+        self._delay_est = DelayEstimator(cfg.max_delay_s, cfg.delay_window_s)
+        self.delay: int | None = None  # bulk delay in samples, once locked
+        self._candidate: int | None = None
+        self._next_delay_check = 0
+        self._played_until = -1  # absolute sample index one past the last played sample
+        self._mic_end = 0
+        self._decay = 10 ** (-6 * self.B / SAMPLE_RATE / cfg.rt60_s)  # power decay per block
+        self.delay_log: list[tuple[float, int, float]] = []
+
+    # ---- the played side -------------------------------------------------------------------------
+    def played(self, pts: float, samples: np.ndarray) -> None:
+        """The answer audio exactly as sent to the client (16 kHz mono float), first sample at ``pts``."""
+        x = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if not np.all(np.isfinite(x)):
+            raise ValueError("played audio holds NaN or inf")
+        at = int(round(pts * SAMPLE_RATE))
+        if x.size == 0:
+            return
+        self._far.write(at, x)
+        prev_end = self._played_until
+        self._played_until = max(self._played_until, at + x.size)
+        # band power of every block-grid frame touched by this write
+        f0 = max(at, max(prev_end, at) - self.B) // self.B if prev_end > 0 else at // self.B
+        f1 = (at + x.size) // self.B
+        if f1 > f0:
+            frames = self._far.read(f0 * self.B, f1 * self.B).reshape(-1, self.B)
+            spec = np.abs(np.fft.rfft(frames, self.N, axis=1)) ** 2
+            self._fpow.write(f0, self._to_bands(spec))
+
+    def _to_bands(self, spec: np.ndarray) -> np.ndarray:
+        e = self._edges
+        c = np.cumsum(spec, axis=-1)
+        c = np.concatenate([np.zeros((*spec.shape[:-1], 1)), c], axis=-1)
+        return ((c[..., e[1:]] - c[..., e[:-1]]) / np.diff(e)).astype(np.float32)
+
+    @property
+    def active(self) -> bool:
+        """True while echo of played audio may still arrive in the mic (playing + max delay + tail)."""
+        return self._active_at(self._mic_end)
+
+    def _active_at(self, mic_end: int) -> bool:
+        horizon = int((self.config.max_delay_s + self.config.tail_s) * SAMPLE_RATE)
+        return self._played_until >= 0 and mic_end < self._played_until + horizon
+
+    # ---- the mic side ----------------------------------------------------------------------------
+    def process(self, chunk: AudioChunk) -> AudioChunk:
+        """``chunk`` with the echo of the played answer removed (the same object when none can arrive)."""
+        d = np.asarray(chunk.samples, dtype=np.float32).reshape(-1)
+        start = int(round(chunk.pts * SAMPLE_RATE))
+        if not self._active_at(start):
+            self._mic_end = start + d.size
+            return chunk
+        if not np.all(np.isfinite(d)):
+            raise ValueError("mic audio holds NaN or inf")
+        self._mic.write(start, d)
+        self._mic_end = start + d.size
+        self._maybe_estimate_delay(self._mic_end)
+        out = np.empty_like(d)
+        for a in range(0, d.size, self.B):
+            b = min(a + self.B, d.size)
+            out[a:b] = self._block(start + b, d[a:b])
+        return AudioChunk(chunk.pts, out)
+
+    def _maybe_estimate_delay(self, end: int) -> None:
+        cfg = self.config
+        if end < self._next_delay_check:
+            return
+        period = cfg.delay_every_s if self.delay is not None else 0.1
+        self._next_delay_check = end + int(period * SAMPLE_RATE)
+        win = int(cfg.delay_window_s * SAMPLE_RATE)
+        far = self._far.read(end - win - int(cfg.max_delay_s * SAMPLE_RATE), end)
+        mic = self._mic.read(end - win, end)
+        if float(np.mean(far * far)) < 1e-7 or float(np.mean(mic * mic)) < 1e-9:
+            return
+        lag, conf = self._delay_est.estimate(mic, far)
+        self.delay_log.append((end / SAMPLE_RATE, lag, conf))
+        if conf < 9.0:
+            return
+        if self._candidate is not None and abs(lag - self._candidate) <= 2 * _DECIM:
+            self._set_delay(lag)
+        self._candidate = lag
+
+    def _set_delay(self, lag: int) -> None:
+        if self.delay is not None and abs(lag - self.delay) <= 2 * _DECIM:
+            return
+        if self.delay is not None:  # the echo path moved: the filters restart around the new delay
+            self._hf[:] = 0
+            self._hb[:] = 0
+            self._ef = self._eb = 0.0
+        self.delay = lag
+
+    def _block(self, n: int, d: np.ndarray) -> np.ndarray:
+        """One block of mic samples ending at absolute index ``n``: linear cancellation, then suppression."""
+        e = d
+        if self.delay is not None:
+            e = self._linear(n, d)
+        out = self._suppress(n, e)
+        self._err = np.concatenate([self._err, e])[-self.B :]
+        return out
+
+    def _linear(self, n: int, d: np.ndarray) -> np.ndarray:
+        B, P, N, L = self.B, self.P, self.N, d.size
+        shift = self.delay - int(self.config.pre_delay_s * SAMPLE_RATE)  # type: ignore[operator]
+        x = self._far.read(n - shift - (P + 1) * B, n - shift)
+        frames = np.lib.stride_tricks.sliding_window_view(x, N)[::B][::-1]  # row p ends p blocks earlier
+        X = np.fft.rfft(frames, axis=1)
+        yf = np.fft.irfft(np.sum(X * self._hf, axis=0), N)[-L:]
+        yb = np.fft.irfft(np.sum(X * self._hb, axis=0), N)[-L:]
+        ef, eb = d - yf, d - yb
+        px = np.sum(X.real**2 + X.imag**2, axis=0)
+        self._pxx = np.maximum(0.9 * self._pxx, px)
+        far_e = float(np.mean(x[-N:] ** 2))
+        if far_e > 1e-8:
+            E = np.fft.rfft(np.concatenate([np.zeros(N - L, np.float32), eb]))
+            G = np.conj(X) * E / (self._pxx + 1e-3 * float(np.mean(self._pxx)) + 1e-4 * N)
+            g = np.fft.irfft(G, N, axis=1)
+            g[:, B:] = 0
+            self._hb += (self.config.step * np.fft.rfft(g, axis=1)).astype(np.complex64)
+            self._two_path(float(np.dot(ef, ef)), float(np.dot(eb, eb)), float(np.dot(d, d)))
+        return ef.astype(np.float32)
+
+    def _two_path(self, efe: float, ebe: float, de: float) -> None:
+        """Keep the foreground filter the better canceller: copy the background over it when it wins,
+        reset the background to it when it diverges (near-end talk)."""
+        a = 0.7
+        self._ef = a * self._ef + (1 - a) * efe
+        self._eb = a * self._eb + (1 - a) * ebe
+        if self._eb < 0.8 * self._ef:
+            self._hf[:] = self._hb
+            self._ef = self._eb
+        elif self._eb > 4.0 * self._ef + 1e-9 and self._eb > 0.5 * de:
+            self._hb[:] = self._hf
+            self._eb = self._ef
+
+    def _predicted_far(self, n: int) -> np.ndarray:
+        """Played band power that may be echoing at ``n``: max over the uncertain delay range, with a
+        reverberant decay for older frames."""
+        cfg, B = self.config, self.B
+        if self.delay is None:
+            lo_d, hi_d = 0, int(cfg.max_delay_s * SAMPLE_RATE)
+        else:
+            lo_d, hi_d = self.delay - int(cfg.pre_delay_s * SAMPLE_RATE), self.delay + B
+        f_hi = (n - max(lo_d, 0)) // B + 1
+        f_mid = (n - hi_d) // B
+        n_tail = int(cfg.tail_s * SAMPLE_RATE) // B
+        rows = self._fpow.read(f_mid - n_tail, f_hi)
+        w = np.ones(len(rows), np.float32)
+        w[:n_tail] = self._decay ** np.arange(n_tail, 0, -1)
+        return np.max(rows * w[:, None], axis=0)
+
+    def _suppress(self, n: int, e: np.ndarray) -> np.ndarray:
+        L, N = e.size, self.N
+        s = self._predicted_far(n)
+        if float(s.max()) <= 1e-10:
+            return e.astype(np.float32)
+        frame = np.concatenate([self._err, e])[-N:]
+        if frame.size < N:
+            frame = np.concatenate([np.zeros(N - frame.size, np.float32), frame])
+        spec = np.fft.rfft(frame)
+        eb = self._to_bands(np.abs(spec) ** 2)
+        if self.delay is not None:
+            self._learn_coupling(eb, s)
+        ratio = self.config.over * self._coupling * s / (eb + 1e-10)
+        gain = np.clip(1.0 - ratio, self.config.floor, 1.0)
+        gbin = np.ones(spec.size, np.float32)
+        gbin[self._edges[0] : self._edges[-1]] = gain[self._band_of]
+        gbin[: self._edges[0]] = gain[0]
+        return np.fft.irfft(spec * gbin, N)[-L:].astype(np.float32)
+
+    def _learn_coupling(self, e_bands: np.ndarray, s: np.ndarray) -> None:
+        """Residual/played power per band: falls fast to what is seen, rises slowly (near-end talk)."""
+        self._smooth_e = 0.6 * self._smooth_e + 0.4 * e_bands
+        self._smooth_s = 0.6 * self._smooth_s + 0.4 * s
+        live = self._smooth_s > 1e-6
+        r = self._smooth_e / np.maximum(self._smooth_s, 1e-10)
+        c = self._coupling
+        down = live & (r < c)
+        up = live & ~down
+        c[down] = 0.9 * c[down] + 0.1 * r[down]
+        c[up] = np.minimum(c[up] * 1.01, r[up])

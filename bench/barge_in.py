@@ -1,0 +1,124 @@
+"""Barge-in figures, offline: detection delay, false interruptions, residual echo, CPU per chunk.
+
+Scenes from bench/echo_sim.py on the HELD-OUT sentences, voices and room seeds (the detector was
+tuned on TUNE_* with seeds 0-9): the answer (festival slt_hts) plays from 0.5 s and its echo comes
+back through a random room; a barge-in scene adds a user (ked/kal diphone, espeak-ng, a human
+clip) at a random point of the answer; an echo-only scene adds nothing, a noise scene a cough,
+clicks, a slam or a noise burst. The mic is fed in 20 ms chunks as a session would.
+
+Detection delay = the end of the chunk whose ``feed`` returned the BargeIn minus the true onset
+(network and client playout come on top). A BargeIn before the true onset, in an echo-only or a
+noise scene, is a false interruption. ERLE compares the mic's echo energy with the cleaned output
+over echo-only answers (from the echo's arrival to its end). Run:
+``flock /tmp/heavy.lock env PYTHONPATH=$PWD .venv/bin/python bench/barge_in.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from alignment.echo import EchoCanceller
+from alignment.types import SAMPLE_RATE as SR
+from alignment.types import AudioChunk
+from bench import echo_sim as es
+from models.bargein import BargeInDetector
+
+CHUNK = 320
+
+
+def run_scene(scene: es.Scene, det: BargeInDetector) -> tuple[np.ndarray, float | None, float | None, list[float]]:
+    """Feed the scene; (cleaned mic, onset pts of the BargeIn, time it was emitted, cpu s per chunk)."""
+    a0 = int(scene.answer_pts * SR)
+    out, cpu = [], []
+    onset = emitted = None
+    for i in range(0, scene.mic.size - CHUNK + 1, CHUNK):
+        playing = a0 <= i < a0 + scene.played.size and emitted is None
+        t = time.perf_counter()
+        if playing:
+            det.played(i / SR, scene.played[i - a0 : i - a0 + CHUNK])
+        clean, hit = det.feed(AudioChunk(i / SR, scene.mic[i : i + CHUNK]), playing)
+        cpu.append(time.perf_counter() - t)
+        out.append(clean.samples)
+        if hit is not None and emitted is None:
+            onset, emitted = hit.pts, (i + CHUNK) / SR
+    return np.concatenate(out), onset, emitted, cpu
+
+
+def canceller_cpu(scene: es.Scene) -> list[float]:
+    """CPU s per chunk of the echo canceller alone over the scene."""
+    ec = EchoCanceller()
+    a0, cpu = int(scene.answer_pts * SR), []
+    for i in range(0, scene.mic.size - CHUNK + 1, CHUNK):
+        t = time.perf_counter()
+        if a0 <= i < a0 + scene.played.size:
+            ec.played(i / SR, scene.played[i - a0 : i - a0 + CHUNK])
+        ec.process(AudioChunk(i / SR, scene.mic[i : i + CHUNK]))
+        cpu.append(time.perf_counter() - t)
+    return cpu
+
+
+def erle_db(scene: es.Scene, clean: np.ndarray) -> float:
+    a = int((scene.answer_pts + scene.room.delay_s) * SR)
+    b = min(int((scene.answer_pts + scene.room.delay_s + scene.played.size / SR) * SR), clean.size)
+    return float(10 * np.log10(np.sum(scene.echo[a:b] ** 2) / (np.sum(clean[a:b] ** 2) + 1e-12)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=56, help="scenes of each kind (barge-in, echo-only, noise)")
+    ap.add_argument("--seed", type=int, default=1000, help="room seed base (tuning used 0-9)")
+    ap.add_argument("--tune", action="store_true", help="use the tuning set instead of the held-out one")
+    args = ap.parse_args()
+    answers, users = (es.TUNE_ANSWERS, es.TUNE_USERS) if args.tune else (es.HELD_ANSWERS, es.HELD_USERS)
+    delays, onset_err, erle, cpu_active, cpu_idle, cpu_aec = [], [], [], [], [], []
+    false_echo = false_noise = early = missed = 0
+    for k in range(args.n):
+        rng = np.random.default_rng(args.seed + k)
+        answer = answers[k % len(answers)]
+        scene = es.make_scene(rng, answer, user=users[k % len(users)])
+        _, onset, emitted, cpu = run_scene(scene, BargeInDetector())
+        assert scene.onset is not None
+        if emitted is None or emitted > scene.onset + 1.0:
+            missed += 1
+        elif onset is not None and onset < scene.onset - 0.1:
+            early += 1
+        else:
+            delays.append(emitted - scene.onset)
+            onset_err.append(onset - scene.onset)
+        scene = es.make_scene(rng, answer)
+        clean, onset, emitted, cpu = run_scene(scene, BargeInDetector())
+        false_echo += emitted is not None
+        erle.append(erle_db(scene, clean))
+        first = int(scene.answer_pts * SR) // CHUNK
+        last = int((scene.answer_pts + scene.played.size / SR) * SR) // CHUNK
+        cpu_active += cpu[first:last]
+        cpu_idle += cpu[:first]
+        cpu_aec += canceller_cpu(scene)[first:last]
+        kind = ("cough", "click", "door", "noise")[k % 4]
+        scene = es.make_scene(rng, answer, noise=kind)
+        _, onset, emitted, _ = run_scene(scene, BargeInDetector())
+        false_noise += emitted is not None
+    n = args.n
+    d = np.array(delays) * 1e3
+    print(f"set: {'tuning' if args.tune else 'held-out'}  scenes: {n} barge-in, {n} echo-only, {n} noise")
+    print(f"detection delay (emit - true onset): p50 {np.percentile(d, 50):.0f} ms  p99 {np.percentile(d, 99):.0f} ms"
+          f"  max {d.max():.0f} ms  (detected {len(d)}/{n}, missed {missed}, before the onset {early})")
+    e = np.array(onset_err) * 1e3
+    print(f"BargeIn.pts - true onset: p50 {np.percentile(e, 50):.0f} ms  p5 {np.percentile(e, 5):.0f} ms"
+          f"  p95 {np.percentile(e, 95):.0f} ms")
+    print(f"false interruptions: echo-only {false_echo}/{n} = {false_echo / n:.1%}  noise events {false_noise}/{n}"
+          f" = {false_noise / n:.1%}  all {(false_echo + false_noise + early) / (3 * n):.1%} of answers")
+    print(f"ERLE over echo-only answers: p50 {np.median(erle):.1f} dB  p10 {np.percentile(erle, 10):.1f} dB"
+          f"  min {min(erle):.1f} dB")
+    ca, ci, cc = np.array(cpu_active) * 1e3, np.array(cpu_idle) * 1e3, np.array(cpu_aec) * 1e3
+    print(f"CPU per 20 ms chunk while answering: canceller alone mean {cc.mean():.3f} ms p99"
+          f" {np.percentile(cc, 99):.3f} ms; canceller + VAD mean {ca.mean():.3f} ms"
+          f" p99 {np.percentile(ca, 99):.3f} ms;"
+          f" nothing played recently mean {ci.mean() * 1e3:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

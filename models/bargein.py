@@ -1,0 +1,113 @@
+"""Barge-in: tell the user's real interruption from the answer's own echo in the microphone.
+
+Every mic chunk goes through the echo canceller while echo may arrive (the cleaned chunk goes on to
+the ASR and the turn detector, so the echo yields no user words). While an answer is playing the
+cleaned audio is also classified by the Silero VAD: a speech onset sustained for
+``min_speech_s`` of speech-like windows is a barge-in, stamped with the onset. A cough or a slam is
+short or not speech-like and does not hold that long. Outside answers nothing is classified and,
+once no echo can arrive, the chunk is returned as it came.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from alignment.echo import EchoCanceller, EchoConfig
+from alignment.types import AudioChunk
+from models.vad import WINDOW, WINDOW_S, StreamingVAD, VADConfig
+
+
+@dataclass(frozen=True)
+class BargeIn:
+    """The user started speaking over the answer; ``pts`` is the speech onset (session clock, s)."""
+
+    pts: float
+
+
+@dataclass(frozen=True)
+class BargeInConfig:
+    """``min_speech_s``: speech-like audio needed after the onset; ``threshold``: VAD probability that
+    counts as speech; ``max_gap_windows``: non-speech windows tolerated inside that stretch."""
+
+    min_speech_s: float = 0.128
+    threshold: float = 0.6
+    max_gap_windows: int = 0
+    min_level_db: float = -50.0  # a speech window must be at least this loud (RMS, dBFS) after cleaning
+    echo: EchoConfig = EchoConfig()
+
+    def __post_init__(self) -> None:
+        if self.min_speech_s < 0 or not 0 < self.threshold < 1 or self.max_gap_windows < 0:
+            raise ValueError(f"bad barge-in config: {self}")
+
+
+class BargeInDetector:
+    """One session's barge-in detector; ``played`` the answer audio, ``feed`` every mic chunk."""
+
+    def __init__(self, config: BargeInConfig | None = None) -> None:
+        self.config = config or BargeInConfig()
+        self.canceller = EchoCanceller(self.config.echo)
+        self._vad: StreamingVAD | None = None
+        self._answering = False
+        self._onset: float | None = None
+        self._speech_windows = 0
+        self._gap = 0
+        self._fired = False
+        self._pending = np.zeros(0, np.float32)
+        self._t = 0.0
+        self._min_power = 10 ** (self.config.min_level_db / 10)
+
+    def played(self, pts: float, samples: np.ndarray) -> None:
+        """The answer audio as sent (16 kHz), first sample at ``pts`` on the session clock."""
+        self.canceller.played(pts, samples)
+
+    def feed(self, chunk: AudioChunk, answering: bool) -> tuple[AudioChunk, BargeIn | None]:
+        """The cleaned chunk, and a BargeIn the first time the user is heard talking over the answer."""
+        clean = self.canceller.process(chunk)
+        if not answering:
+            self._answering = False
+            return clean, None
+        if not self._answering:  # a new answer: fresh VAD state from this chunk on
+            self._answering = True
+            self._fired = False
+            self._onset = None
+            self._pending = np.zeros(0, np.float32)
+            if self._vad is None:
+                self._vad = StreamingVAD(VADConfig(threshold=self.config.threshold), t0=chunk.pts)
+            else:
+                self._vad.reset(chunk.pts)
+        if self._fired:
+            return clean, None
+        return clean, self._classify(clean)
+
+    def _classify(self, clean: AudioChunk) -> BargeIn | None:
+        """Run the VAD window by window over the cleaned audio; the first sustained stretch fires."""
+        vad = self._vad
+        assert vad is not None
+        if self._pending.size == 0:
+            self._t = clean.pts
+        buf = np.concatenate([self._pending, np.asarray(clean.samples, np.float32)])
+        n = buf.size // WINDOW
+        need = max(1, int(np.ceil(self.config.min_speech_s / WINDOW_S - 1e-9)))
+        hit: BargeIn | None = None
+        for i in range(n):
+            t = self._t + i * WINDOW_S
+            win = buf[i * WINDOW : (i + 1) * WINDOW]
+            loud = float(np.mean(win * win)) >= self._min_power
+            if vad.probability(win) >= self.config.threshold and loud:
+                if self._onset is None:
+                    self._onset, self._speech_windows = t, 0
+                self._speech_windows += 1
+                self._gap = 0
+            elif self._onset is not None:
+                self._gap += 1
+                if self._gap > self.config.max_gap_windows:
+                    self._onset = None
+            if hit is None and self._onset is not None and self._speech_windows >= need:
+                hit = BargeIn(self._onset)
+                self._fired = True
+                break
+        self._pending = buf[n * WINDOW :] if hit is None else np.zeros(0, np.float32)
+        self._t += n * WINDOW_S
+        return hit

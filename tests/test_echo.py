@@ -1,0 +1,109 @@
+"""Echo cancellation and barge-in on real festival speech, real Silero VAD and real Whisper tiny.en.
+
+Scenes (bench/echo_sim.py, tuning sentences and seeds): the answer (slt_hts) echoes back through a
+seeded room (delay, band-pass, attenuation, reverberant tail); a user or a noise event may join.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from alignment.echo import EchoCanceller, EchoConfig
+from alignment.types import SAMPLE_RATE, AudioChunk
+from app.loadtest.festival import available
+from bench import echo_sim as es
+from bench.barge_in import run_scene
+from models.bargein import BargeInConfig, BargeInDetector
+
+pytestmark = pytest.mark.skipif(not (available("slt_hts") and available("kal_diphone")), reason="festival voices")
+
+
+@pytest.fixture(scope="module")
+def echo_scenes() -> list[es.Scene]:
+    return [es.make_scene(np.random.default_rng(seed), es.TUNE_ANSWERS[seed % 3]) for seed in (1, 2, 3)]
+
+
+def test_nothing_played_passes_the_chunk_through_unchanged():
+    det = BargeInDetector()
+    chunk = AudioChunk(1.0, np.random.default_rng(0).standard_normal(320).astype(np.float32) * 0.1)
+    out, hit = det.feed(chunk, answering=False)
+    assert out is chunk and hit is None
+    assert not det.canceller.active
+    assert EchoCanceller().process(chunk) is chunk
+
+
+def test_echo_alone_gives_no_barge_in_and_no_words(echo_scenes, whisper_model):
+    from models.asr.offline import transcribe_words
+
+    for scene in echo_scenes:
+        clean, onset, emitted, _ = run_scene(scene, BargeInDetector())
+        assert emitted is None, f"echo through a {scene.room.delay_s * 1e3:.0f} ms room was taken for a barge-in"
+        raw_words = transcribe_words(scene.mic, model=whisper_model)
+        assert raw_words, "the uncancelled echo should be heard as words (else this test proves nothing)"
+        assert transcribe_words(clean, model=whisper_model) == []
+        a = int((scene.answer_pts + scene.room.delay_s + 1.0) * SAMPLE_RATE)
+        b = int((scene.answer_pts + scene.room.delay_s + scene.played.size / SAMPLE_RATE) * SAMPLE_RATE)
+        erle = 10 * np.log10(np.sum(scene.echo[a:b] ** 2) / (np.sum(clean[a:b] ** 2) + 1e-12))
+        assert erle > 15.0
+
+
+@pytest.mark.parametrize("user", es.TUNE_USERS, ids=[u[0] for u in es.TUNE_USERS])
+def test_a_real_barge_in_is_detected_near_its_onset(user):
+    for seed in (5, 9):  # onsets 1.8 s and 1.5 s into the answer, after the echo delay is locked
+        _check_barge_in(seed, user)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: before the echo delay is locked (~1 s into an answer) the "
+                   "suppressor assumes the worst delay and a barge-in there is heard 0.5-1 s late")
+def test_a_barge_in_in_the_answers_first_second_is_detected_near_its_onset():
+    _check_barge_in(4, es.TUNE_USERS[0])
+
+
+def _check_barge_in(seed: int, user: tuple[str, str]) -> None:
+    scene = es.make_scene(np.random.default_rng(seed), es.TUNE_ANSWERS[seed % 3], user=user)
+    _, onset, emitted, _ = run_scene(scene, BargeInDetector())
+    assert onset is not None and emitted is not None, f"barge-in by {user[0]} missed"
+    assert scene.onset is not None
+    assert scene.onset - 0.1 <= onset <= scene.onset + 0.3
+    assert emitted - scene.onset <= 0.45
+
+
+@pytest.mark.parametrize("kind", ["cough", "click", "door", "noise"])
+def test_coughs_and_noise_bursts_are_not_barge_ins(kind):
+    for seed in (7, 9):
+        _check_no_barge_in(seed, kind)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: Silero holds >= 0.6 for 128 ms on some bursts (tuning seeds: "
+                   "1 of 16 coughs, 1 of 16 noise bursts)")
+@pytest.mark.parametrize(("kind", "seed"), [("cough", 6), ("noise", 8)])
+def test_some_bursts_are_still_taken_for_barge_ins(kind, seed):
+    _check_no_barge_in(seed, kind)
+
+
+def _check_no_barge_in(seed: int, kind: str) -> None:
+    scene = es.make_scene(np.random.default_rng(seed), es.TUNE_ANSWERS[seed % 3], noise=kind)
+    _, _, emitted, _ = run_scene(scene, BargeInDetector())
+    assert emitted is None, f"a {kind} was taken for a barge-in"
+
+
+def test_the_canceller_finds_the_echo_delay(echo_scenes):
+    for scene in echo_scenes:
+        det = BargeInDetector()
+        run_scene(scene, det)
+        assert det.canceller.delay is not None
+        assert abs(det.canceller.delay / SAMPLE_RATE - scene.room.delay_s) < 0.005
+
+
+def test_bad_input_is_a_clear_error():
+    ec = EchoCanceller()
+    with pytest.raises(ValueError, match="NaN"):
+        ec.played(0.0, np.array([0.0, np.nan], np.float32))
+    ec.played(0.0, np.zeros(320, np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        ec.process(AudioChunk(0.02, np.full(320, np.inf, np.float32)))
+    with pytest.raises(ValueError):
+        EchoConfig(floor=0.0)
+    with pytest.raises(ValueError):
+        BargeInConfig(threshold=1.5)
