@@ -9,7 +9,13 @@ the real WebRTC stack over loopback. The API is deliberately small:
     peer.events                   # [ReceivedEvent(wall, message)] in arrival order
     peer.frames_received          # count of returned video frames; peer.last_frames: a few, as RGB
     peer.sent_video_wall(pts)     # wall time the frame at clip time ``pts`` was handed to the encoder
+    peer.answer                   # AnswerListener: the spoken answer's audio and avatar (voicepeer.py)
     await peer.close()            # DELETE the session, close the peer connection
+
+With ``answer_video=True`` the offer carries the extra recvonly video m-line the server sends the
+avatar on (wire v2); the answer's audio always comes back on the audio m-line. ``decode_answer``
+decodes both and measures them (levels, mouth opening, one clock through the sender reports);
+without it the answer's packets are only counted.
 
 Audio is sent as 20 ms frames at 48 kHz, video at the clip's fps, both paced in real time from one
 shared start instant (``t0_wall``), so clip time t is sent at ``t0_wall + t``. After the clip ends the
@@ -187,8 +193,15 @@ class WhipPeer:
         audio: np.ndarray | None = None,
         frames: list[np.ndarray] | None = None,
         fps: float | None = None,
+        answer_video: bool = False,
+        decode_answer: bool = True,
+        echo: Any = None,
     ) -> None:
-        """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``."""
+        """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``.
+
+        ``echo``: an ``app.loadtest.answers.EchoPath`` the listener plays the received answer into."""
+        from app.loadtest.voicepeer import AnswerListener
+
         self.url = url
         self.token = token
         audio = clip.audio if clip is not None and audio is None else audio
@@ -198,6 +211,10 @@ class WhipPeer:
         loopback_candidates(is_loopback_url(url))  # media to a loopback server stays on loopback
         patient_consent()  # a loaded server answers consent checks late (see app/live/webrtc.py)
         self.pc = RTCPeerConnection()
+        self.answer_video = answer_video
+        self.echo = echo
+        self.answer = AnswerListener(decode=decode_answer, echo=echo, t0=lambda: self._start.wall)
+        self._avatar_transceiver: Any = None
         self.audio_track = self._audio_track(audio, loop) if audio is not None else None
         self.video_track = self._video_track(frames, float(fps or 25.0), loop) if frames else None
         self.events: list[ReceivedEvent] = []
@@ -232,6 +249,8 @@ class WhipPeer:
                 self.pc.addTransceiver(track, direction="sendrecv")
         if self.video_track is None:
             self.pc.addTransceiver("video", direction="recvonly")
+        if self.answer_video:  # wire v2: the avatar comes back on a video m-line of its own
+            self._avatar_transceiver = self.pc.addTransceiver("video", direction="recvonly")
         await self.pc.setLocalDescription(await self.pc.createOffer())
         headers = {"Content-Type": "application/sdp"}
         if self.token:
@@ -261,6 +280,7 @@ class WhipPeer:
                 status = None
         for task in self._tasks:
             task.cancel()
+        await self.answer.aclose()
         await self.pc.close()
         return status
 
@@ -331,7 +351,17 @@ class WhipPeer:
             self.events.append(ReceivedEvent(time.monotonic(), message))
             self._changed.set()
 
+    def _receiver_of(self, track: MediaStreamTrack) -> Any:
+        return next((t for t in self.pc.getTransceivers() if t.receiver.track is track), None)
+
     def _on_track(self, track: MediaStreamTrack) -> None:
+        transceiver = self._receiver_of(track)
+        if track.kind == "audio" and transceiver is not None:
+            self.answer.attach_audio(track, transceiver.receiver)
+            return
+        if track.kind == "video" and transceiver is not None and transceiver is self._avatar_transceiver:
+            self.answer.attach_avatar(track, transceiver.receiver)
+            return
         if track.kind == "video":
             self._tasks.append(asyncio.ensure_future(self._read_video(track)))
         else:
