@@ -92,7 +92,7 @@ def stop_latency(onset: float, packets: Sequence[Packet], before: float = math.i
 # --- the avatar's mouth, read from pixels ------------------------------------------------------------
 
 #: Luma (0–255) under which a pixel of the mouth box counts as the open mouth's dark inside.
-DARK_LUMA = 70
+DARK_LUMA = 60
 
 
 def luma(frame_rgb: np.ndarray) -> np.ndarray:
@@ -102,21 +102,25 @@ def luma(frame_rgb: np.ndarray) -> np.ndarray:
 
 
 def mouth_box(lumas: Sequence[np.ndarray], top: float = 0.0, bottom: float = 0.8) -> tuple[int, int, int, int]:
-    """(y0, y1, x0, x1) of the region whose dark-pixel count varies most over ``lumas``.
+    """(y0, y1, x0, x1) of the region whose dark pixels come and go most over ``lumas``.
 
-    Found from the pixels alone: the mouth is where dark pixels come and go while the answer plays.
-    Rows outside ``[top, bottom)`` of the frame (fractions; the caption band sits below) are left out,
-    so words appearing in a caption cannot pass for a moving mouth.
+    Found from the pixels alone: the mouth is where dark pixels come and go while the answer plays. Rows
+    outside ``[top, bottom)`` of the frame (fractions; the caption band sits below) are left out, so
+    words appearing in a caption cannot pass for a moving mouth; of the regions that vary, the one with
+    the most variation wins, so a blink (a few frames of dark eyes) does not either.
     """
+    from scipy import ndimage
+
     stack = np.stack([y < DARK_LUMA for y in lumas]).astype(np.float32)
     h, w = stack.shape[1:]
     var = stack.std(axis=0)
-    y_lo, y_hi = int(top * h), int(bottom * h)
-    var[:y_lo] = 0
-    var[y_hi:] = 0
+    var[: int(top * h)] = 0
+    var[int(bottom * h) :] = 0
     if var.max() <= 0:
         return (h // 2, h // 2 + 1, w // 2, w // 2 + 1)
-    ys, xs = np.nonzero(var >= 0.5 * var.max())
+    labels, n = ndimage.label(ndimage.binary_closing(var >= 0.25 * var.max(), iterations=2))
+    weight = ndimage.sum(var, labels, index=np.arange(1, n + 1))
+    ys, xs = np.nonzero(labels == int(np.argmax(weight)) + 1)
     pad = 4
     return (max(int(ys.min()) - pad, 0), min(int(ys.max()) + pad + 1, h),
             max(int(xs.min()) - pad, 0), min(int(xs.max()) + pad + 1, w))
