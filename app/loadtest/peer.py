@@ -47,6 +47,7 @@ from aiortc.mediastreams import MediaStreamError
 from alignment.types import SAMPLE_RATE
 from app.live.ice import is_loopback_url, loopback_candidates
 from app.live.webrtc import patient_consent
+from app.loadtest.voicepeer import AnswerListener, ScriptedMic, Utterance, answer_figures
 
 AUDIO_RATE = 48_000
 AUDIO_FRAME = 960  # 20 ms at 48 kHz
@@ -200,8 +201,6 @@ class WhipPeer:
         """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``.
 
         ``echo``: an ``app.loadtest.answers.EchoPath`` the listener plays the received answer into."""
-        from app.loadtest.voicepeer import AnswerListener
-
         self.url = url
         self.token = token
         audio = clip.audio if clip is not None and audio is None else audio
@@ -384,6 +383,37 @@ class WhipPeer:
                 await track.recv()
         except (MediaStreamError, asyncio.CancelledError):
             return
+
+
+class VoicePeer(WhipPeer):
+    """A peer that speaks on cue (``say``) through a :class:`ScriptedMic` and listens to and watches the
+    answers (``answer``); it asks for the avatar. Its camera is ``frames`` looped."""
+
+    def __init__(self, url: str, frames: list[np.ndarray], fps: float = 25.0, **kwargs: Any) -> None:
+        kwargs.setdefault("answer_video", True)
+        super().__init__(url, audio=np.zeros(AUDIO_FRAME, np.float32), frames=frames, fps=fps, loop=True, **kwargs)
+        self.said: list[Utterance] = []
+
+    def _audio_track(self, samples16k: np.ndarray, loop: bool) -> MediaStreamTrack:
+        return ScriptedMic(self._start, self.echo)
+
+    @property
+    def mic(self) -> ScriptedMic:
+        assert isinstance(self.audio_track, ScriptedMic)
+        return self.audio_track
+
+    def say(self, samples16k: np.ndarray, text: str = "", at_s: float | None = None,
+            barge_in: bool = False) -> Utterance:
+        """Schedule an utterance (16 kHz); returns its true onset and end of speech on the peer clock."""
+        utt = self.mic.say(samples16k, text, at_s, barge_in)
+        self.said.append(utt)
+        return utt
+
+    def figures(self) -> list[dict[str, Any]]:
+        """Per-answer figures so far (``app.loadtest.voicepeer.answer_figures``)."""
+        if self.t0_wall is None:
+            raise RuntimeError("the peer has not started sending")
+        return answer_figures(self.answer, self.events, self.said, self.t0_wall)
 
 
 async def _main(argv: list[str] | None = None) -> None:

@@ -403,37 +403,3 @@ def echo_tokens(events: list[Any], said: list[Utterance], margin_s: float = 0.5)
             n += 1
     return n
 
-
-def voice_peer_class() -> type:
-    """``VoicePeer``: a ``WhipPeer`` whose microphone is a :class:`ScriptedMic` and that asks for the
-    avatar (imported lazily: ``app.loadtest.peer`` imports this module)."""
-    from app.loadtest.peer import WhipPeer
-
-    class VoicePeer(WhipPeer):
-        """Speaks on cue (``say``), listens to and watches the answers (``answer``)."""
-
-        def __init__(self, url: str, frames: list[np.ndarray], fps: float = 25.0, **kwargs: Any) -> None:
-            kwargs.setdefault("answer_video", True)
-            super().__init__(url, audio=np.zeros(AUDIO_FRAME, np.float32), frames=frames, fps=fps, loop=True,
-                             **kwargs)
-            self.said: list[Utterance] = []
-
-        def _audio_track(self, samples16k: np.ndarray, loop: bool) -> MediaStreamTrack:
-            return ScriptedMic(self._start, self.echo)
-
-        @property
-        def mic(self) -> ScriptedMic:
-            assert isinstance(self.audio_track, ScriptedMic)
-            return self.audio_track
-
-        def say(self, samples16k: np.ndarray, text: str = "", at_s: float | None = None,
-                barge_in: bool = False) -> Utterance:
-            utt = self.mic.say(samples16k, text, at_s, barge_in)
-            self.said.append(utt)
-            return utt
-
-        def figures(self) -> list[dict[str, Any]]:
-            assert self.t0_wall is not None, "not started"
-            return answer_figures(self.answer, self.events, self.said, self.t0_wall)
-
-    return VoicePeer
