@@ -1,10 +1,14 @@
 """Responders: what the session says back, as text tokens, behind one interface.
 
-``Responder.tokens(utterance, policy)`` yields raw tokens (at most ``policy.max_tokens``) as fast as
-they come; ``Responder.respond(utterance, policy, pacer)`` yields them paced (``PacedToken``) at the
-policy's rate. Two are built in:
+``Responder.tokens(utterance, policy, context=None)`` yields raw tokens (at most ``policy.max_tokens``)
+as fast as they come; ``Responder.respond(utterance, policy, pacer)`` yields them paced (``PacedToken``)
+at the policy's rate. ``context`` (:class:`Conversation`) holds the earlier turns (what the user said
+and what was delivered of each answer) and the user's load. Three are built in:
 
-* ``caption`` (default): the recognised transcript streamed back word by word as live captions;
+* ``assistant`` (``synchrony serve``'s default): a small rule-based assistant that needs no LLM. It
+  answers a greeting, "what can you do", the time, thanks and "repeat that", and otherwise says what
+  it heard and the load it saw, briefer under load;
+* ``caption``: the recognised transcript streamed back word by word as live captions (tests, load tests);
 * ``openai``: any OpenAI-compatible streaming chat endpoint (``POST {base_url}/chat/completions``
   with ``stream: true``, server-sent events), passing ``max_tokens`` and ``temperature``. Every
   network step has a timeout and the whole response a deadline, so a dead server never hangs a
@@ -14,15 +18,27 @@ policy's rate. Two are built in:
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import httpx
 
 from alignment.pacing import PacedToken, TokenPacer
-from alignment.types import TokenRatePolicy
+from alignment.types import LoadEstimate, TokenRatePolicy
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """What a responder may know beyond the utterance: earlier turns, oldest first, as (the user's
+    words, the delivered prefix of the answer: ``AnswerOutcome.text``), and the user's load now."""
+
+    history: tuple[tuple[str, str], ...] = ()
+    load: LoadEstimate | None = None
 
 
 class ResponderError(RuntimeError):
@@ -36,9 +52,12 @@ class Responder(ABC):
     #: Worth requesting before the user's turn is surely over (app/live/turns.py): a responder with a
     #: network TTFT overlaps it with the rest of the silence; an instant one gains nothing.
     prefetch: bool = False
+    #: Tokens are whole words without the spaces between them (joined with a space to be read).
+    word_tokens: bool = False
 
     @abstractmethod
-    def tokens(self, utterance: str, policy: TokenRatePolicy) -> AsyncIterator[str]:
+    def tokens(self, utterance: str, policy: TokenRatePolicy,
+               context: Conversation | None = None) -> AsyncIterator[str]:
         """Raw tokens, unpaced, at most ``policy.max_tokens``."""
 
     async def respond(
@@ -54,12 +73,89 @@ class CaptionResponder(Responder):
     """Streams the recognised transcript back as live captions, one word per token."""
 
     name = "caption"
+    word_tokens = True
 
-    async def tokens(self, utterance: str, policy: TokenRatePolicy) -> AsyncIterator[str]:
+    async def tokens(self, utterance: str, policy: TokenRatePolicy,
+                     context: Conversation | None = None) -> AsyncIterator[str]:
         for i, word in enumerate(utterance.split()):
             if i >= policy.max_tokens:
                 return
             yield word
+
+
+_LOAD_WORDS = ("relaxed", "a little busy", "busy", "overloaded")
+_INTENTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(rx)) for name, rx in (
+    ("repeat", r"\b(repeat|say (that|it) again|come again|pardon)\b"),
+    ("abilities", r"\b(what can you do|what do you do|help me|how does this work|what are you)\b"),
+    ("time", r"\b(what time|the time|time is it)\b"),
+    ("thanks", r"\b(thanks|thank you|cheers)\b"),
+    ("bye", r"\b(bye|goodbye|see you)\b"),
+    ("how", r"\bhow are you\b"),
+    ("name", r"\b(who are you|your name)\b"),
+    ("load", r"\b(my load|how busy|am i (busy|tired|stressed|overloaded))\b"),
+    ("greeting", r"^(hi|hello|hey|good (morning|afternoon|evening))\b"),
+))
+
+
+class AssistantResponder(Responder):
+    """A small assistant that needs no LLM: short answers to simple intents, else what it heard and
+    the load it saw. Under load its answers get shorter (and the policy's ``max_tokens`` cuts them)."""
+
+    name = "assistant"
+    word_tokens = True
+
+    def __init__(self, now: type[datetime.datetime] = datetime.datetime) -> None:
+        self._now = now
+
+    def answer(self, utterance: str, context: Conversation | None = None) -> str:
+        """The whole answer's text."""
+        context = context or Conversation()
+        heard = " ".join(utterance.split())
+        said = re.sub(r"[^a-z' ]", " ", heard.lower()).strip()
+        level = context.load.level if context.load is not None else None
+        if not said:
+            return "Sorry, I did not catch that. Could you say it again?"
+        intent = next((name for name, rx in _INTENTS if rx.search(said)), None)
+        if intent == "repeat":
+            last = next((a for _, a in reversed(context.history) if a), "")
+            return f"I said: {last}" if last else "I have not said anything yet. Ask me something."
+        if intent == "abilities":
+            return ("I listen and transcribe your words with their timing, read your face for signs of load, "
+                    "and answer out loud, slower and shorter when you look busy.")
+        if intent == "time":
+            now = self._now.now(datetime.UTC)
+            return f"It is {now:%H:%M} UTC."
+        if intent == "thanks":
+            return "You are welcome."
+        if intent == "bye":
+            return "Goodbye, and thanks for trying synchrony."
+        if intent == "how":
+            return "I am fine, thank you. " + _load_remark(level)
+        if intent == "name":
+            return "I am synchrony, a voice assistant that paces itself to your load."
+        if intent == "load":
+            return _load_remark(level) if level is not None else "I cannot see your face yet, so I cannot tell."
+        if intent == "greeting":
+            return "Hello! I can hear and see you. Ask me what I can do."
+        quoted = " ".join(heard.split()[:12]) + (" ..." if len(heard.split()) > 12 else "")
+        if level is not None and level >= 2:
+            return f"I heard: {quoted.rstrip('.?!')}. You look {_LOAD_WORDS[level]}, so I will keep it short."
+        return f"I heard you say: {quoted.rstrip('.?!')}. {_load_remark(level)}"
+
+    async def tokens(self, utterance: str, policy: TokenRatePolicy,
+                     context: Conversation | None = None) -> AsyncIterator[str]:
+        for i, word in enumerate(self.answer(utterance, context).split()):
+            if i >= policy.max_tokens:
+                return
+            yield word
+
+
+def _load_remark(level: int | None) -> str:
+    if level is None:
+        return "I cannot see your face yet, so I cannot tell how busy you are."
+    if level == 0:
+        return "You look relaxed, so I can talk at an easy pace."
+    return f"You look {_LOAD_WORDS[min(level, 3)]}, so I will speak slower and keep it brief."
 
 
 class OpenAIResponder(Responder):
@@ -87,20 +183,25 @@ class OpenAIResponder(Responder):
         self.timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=5.0, pool=5.0)
         self.total_timeout_s = total_timeout_s
 
-    def payload(self, utterance: str, policy: TokenRatePolicy) -> dict:
-        """The request body: streaming, with the policy's ``max_tokens`` and ``temperature``."""
+    def payload(self, utterance: str, policy: TokenRatePolicy, context: Conversation | None = None) -> dict:
+        """The request body: streaming, with the policy's ``max_tokens`` and ``temperature``, and the
+        earlier turns (each answer as far as it was delivered) before the utterance."""
+        messages: list[dict[str, str]] = [{"role": "system", "content": self.system_prompt}]
+        for user, answer in context.history if context is not None else ():
+            messages.append({"role": "user", "content": user})
+            if answer:
+                messages.append({"role": "assistant", "content": answer})
+        messages.append({"role": "user", "content": utterance})
         return {
             "model": self.model,
-            "messages": [
-                {"role": "system", "content": self.system_prompt},
-                {"role": "user", "content": utterance},
-            ],
+            "messages": messages,
             "stream": True,
             "max_tokens": int(policy.max_tokens),
             "temperature": float(policy.temperature),
         }
 
-    async def tokens(self, utterance: str, policy: TokenRatePolicy) -> AsyncIterator[str]:
+    async def tokens(self, utterance: str, policy: TokenRatePolicy,
+                     context: Conversation | None = None) -> AsyncIterator[str]:
         if policy.max_tokens <= 0:
             return
         headers = {"Accept": "text/event-stream"}
@@ -111,7 +212,7 @@ class OpenAIResponder(Responder):
             async with asyncio.timeout(self.total_timeout_s):
                 async with httpx.AsyncClient(timeout=self.timeout) as client:
                     async with client.stream(
-                        "POST", self.url, json=self.payload(utterance, policy), headers=headers
+                        "POST", self.url, json=self.payload(utterance, policy, context), headers=headers
                     ) as resp:
                         if resp.status_code != 200:
                             body = (await resp.aread()).decode("utf-8", "replace")[:200]
@@ -160,11 +261,12 @@ def _parse_sse_line(line: str, url: str) -> tuple[str, bool]:
     return text, False
 
 
-RESPONDERS: dict[str, type[Responder]] = {"caption": CaptionResponder, "openai": OpenAIResponder}
+RESPONDERS: dict[str, type[Responder]] = {"assistant": AssistantResponder, "caption": CaptionResponder,
+                                          "openai": OpenAIResponder}
 
 
 def make_responder(name: str = "caption", **options: object) -> Responder:
-    """Build a responder by name (``caption`` or ``openai``); options go to its constructor."""
+    """Build a responder by name (``assistant``, ``caption`` or ``openai``); options go to its constructor."""
     try:
         cls = RESPONDERS[name]
     except KeyError:

@@ -12,13 +12,17 @@ from typing import TYPE_CHECKING
 
 from alignment.frames import TokenFrames
 from alignment.sync import sync_event
-from alignment.types import AUSample, LoadEstimate, SyncCheck
+from alignment.types import AnswerOutcome, AUSample, LoadEstimate, SyncCheck
 from app.live.stages import Stage, Wire
 
 if TYPE_CHECKING:
     from alignment.lst import TokenTiming
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+
+
+def _t(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 @dataclass(frozen=True)
@@ -28,12 +32,16 @@ class HelloEvent:
     output_delay_s: float
     stages: tuple[Stage, ...]
     missing: Mapping[str, str]
+    answer_audio: bool = False  # the answer is spoken on the audio m-line
+    answer_video: bool = False  # ... and its avatar sent on the second video m-line
+    voice: str = ""
     type: str = "hello"
 
     def to_wire(self) -> Wire:
         return {"type": "hello", "session": self.session, "version": WIRE_VERSION, "fps": self.fps,
                 "output_delay_s": self.output_delay_s, "stages": sorted(str(s) for s in self.stages),
-                "missing": self.missing}
+                "missing": self.missing,
+                "answer": {"audio": self.answer_audio, "video": self.answer_video, "voice": self.voice}}
 
 
 @dataclass(frozen=True)
@@ -117,3 +125,85 @@ class ErrorEvent:
 
     def to_wire(self) -> Wire:
         return {"type": "error", "stage": str(self.stage), "message": self.message, "fatal": False}
+
+
+# --- the spoken answer (wire version 2) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnswerStartEvent:
+    """The answer's first audio sample was handed to the track (``pts``)."""
+
+    answer: int
+    pts: float
+    speech_end: float | None
+    voice_latency_ms: float | None  # server side: the user's end of speech → that moment (wall)
+    type: str = "answer_start"
+
+    def to_wire(self) -> Wire:
+        return {"type": "answer_start", "answer": self.answer, "pts": _t(self.pts), "speech_end": _t(self.speech_end),
+                "voice_latency_ms": None if self.voice_latency_ms is None else round(self.voice_latency_ms, 1)}
+
+
+@dataclass(frozen=True)
+class AnswerWordEvent:
+    """A spoken word, sent when its audio is handed to the track (before it plays)."""
+
+    answer: int
+    index: int
+    text: str
+    start: float
+    end: float
+    rtp_start: int | None  # the answer audio's RTP timestamp of ``start`` (48 kHz)
+    type: str = "answer_word"
+
+    def to_wire(self) -> Wire:
+        return {"type": "answer_word", "answer": self.answer, "index": self.index, "text": self.text,
+                "start": _t(self.start), "end": _t(self.end), "rtp_start": self.rtp_start}
+
+
+@dataclass(frozen=True)
+class AnswerSyncEvent:
+    """Level-3 of one spoken word: audio (found in the sent audio), video (the drawn mouth), text."""
+
+    answer: int
+    index: int
+    text: str
+    audio: float | None
+    video: float | None
+    text_time: float
+    max_delta_ms: float
+    ok: bool
+    type: str = "answer_sync"
+
+    def to_wire(self) -> Wire:
+        delta = round(self.max_delta_ms, 1) if self.max_delta_ms != float("inf") else None
+        return {"type": "answer_sync", "answer": self.answer, "index": self.index, "text": self.text,
+                "audio": _t(self.audio), "video": _t(self.video), "text_time": _t(self.text_time),
+                "max_delta_ms": delta, "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class ResponseEndEvent:
+    """How an answer ended (``alignment.types.AnswerOutcome``), and its last word delivered."""
+
+    outcome: AnswerOutcome
+    type: str = "response_end"
+
+    def to_wire(self) -> Wire:
+        o = self.outcome
+        words = o.text.split()
+        return {"type": "response_end", "answer": o.answer, "reason": str(o.reason), "words": o.words,
+                "text": o.text, "last_word": words[-1] if words else None, "spoken_until": _t(o.spoken_until)}
+
+
+@dataclass(frozen=True)
+class WarningEvent:
+    """Something degraded that the session works around (the TTS is down: answers go on as text)."""
+
+    stage: Stage
+    message: str
+    type: str = "warning"
+
+    def to_wire(self) -> Wire:
+        return {"type": "warning", "stage": str(self.stage), "message": self.message}

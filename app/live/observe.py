@@ -35,6 +35,10 @@ class SessionObserver(Protocol):
     def token_placed(self, placed: TokenFrames, latency_s: float) -> None: ...
     def sync_checked(self, check: SyncCheck) -> None: ...
     def response_token(self, timing: TokenTiming) -> None: ...
+    def voice_latency(self, seconds: float) -> None: ...
+    def answer_ended(self, reason: str) -> None: ...
+    def barge_in(self) -> None: ...
+    def answer_sync_checked(self, ok: bool) -> None: ...
 
 
 class MetricsObserver:
@@ -64,3 +68,16 @@ class MetricsObserver:
 
     def response_token(self, timing: TokenTiming) -> None:
         self.metrics.observe_lst(timing)
+
+    def voice_latency(self, seconds: float) -> None:
+        """The user's end of speech → the answer's first audio handed to the track."""
+        self.metrics.voice_latency.observe(max(seconds, 0.0))
+
+    def answer_ended(self, reason: str) -> None:
+        self.metrics.answers.labels(reason).inc()
+
+    def barge_in(self) -> None:
+        self.metrics.barge_ins.inc()
+
+    def answer_sync_checked(self, ok: bool) -> None:
+        self.metrics.answer_sync.labels("true" if ok else "false").inc()

@@ -4,23 +4,35 @@ A turn ends at the turn detector's decision (``app.live.turns``: silence after w
 sentence) or, without one, at the ASR's endpoint. A responder with a network TTFT gets the request
 at the pause already (a prefetch), and its tokens are held until the turn really ends. Each answer
 is metered for LST (docs/LST.md) and streamed as ``response`` events.
+
+Where the session speaks its answers (``app.live.answer``), the responder's raw tokens are read as
+they arrive and teed to the synthesizer before the pacer, the answer lasts until its audio has
+played, and ``response_end`` says how it ended and what was spoken. The conversation history the
+responder sees keeps only that: what the user said and the delivered prefix of each answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from alignment.clock import SessionClock
 from alignment.lst import LSTMeter
 from alignment.pacing import TokenPacer
-from alignment.types import AudioChunk, TokenRatePolicy, WordToken
-from app.live.events import LSTEvent, ResponseEvent
+from alignment.types import AnswerEnd, AnswerOutcome, AudioChunk, LoadEstimate, TokenRatePolicy, WordToken
+from app.live.events import LSTEvent, ResponseEndEvent, ResponseEvent
 from app.live.observe import SessionObserver
 from app.live.stages import Pacer, Responder, Stage, StageHost, attempt
 from app.live.turns import TurnDetector, looks_unfinished
+from models.responders import Conversation
+
+if TYPE_CHECKING:
+    from app.live.answer import Answer, AnswerPlayer
 
 #: A turn's words "reach" its end of speech when the last one ends this close to it (ASR word ends
 #: fall a little before the VAD's end of speech; a word still missing leaves a larger gap).
@@ -32,10 +44,16 @@ class Responses:
 
     def __init__(self, host: StageHost, responder: Responder, turns: TurnDetector | None, clock: SessionClock,
                  make_pacer: Callable[[TokenRatePolicy], Pacer] | None, lst: LSTMeter | None,
-                 observer: SessionObserver, policy: Callable[[], TokenRatePolicy | None]) -> None:
-        """``policy``: the current load's policy (None before the controller has spoken)."""
+                 observer: SessionObserver, policy: Callable[[], TokenRatePolicy | None],
+                 player: AnswerPlayer | None = None, load: Callable[[], LoadEstimate | None] | None = None,
+                 history_turns: int = 8) -> None:
+        """``policy``: the current load's policy (None before the controller has spoken); ``load``: the
+        latest load estimate; ``player``: speaks the answers (None: text only)."""
         self.host, self.responder, self.turns, self.clock = host, responder, turns, clock
         self.make_pacer, self.lst, self.observer, self._policy = make_pacer, lst, observer, policy
+        self.player, self._load = player, load or (lambda: None)
+        self.history: deque[tuple[str, str]] = deque(maxlen=max(history_turns, 0))  # (user, delivered answer)
+        self._cut: AnswerEnd | None = None  # why the answer now being cancelled ends
         self._response_task: asyncio.Task[None] | None = None
         self._pacer: Pacer | None = None  # the pacer of the answer now being shown
         # words heard since the last answered turn, and a prefetched response
@@ -143,9 +161,18 @@ class Responses:
 
     # --- answers ----------------------------------------------------------------------------------
 
-    def _interrupt_answer(self) -> None:
+    def _interrupt_answer(self, reason: AnswerEnd = AnswerEnd.BARGE_IN) -> bool:
         if self._response_task is not None and not self._response_task.done():
+            self._cut = reason
             self._response_task.cancel()  # a new turn interrupts the previous answer
+            return True
+        return False
+
+    def barge_in(self) -> bool:
+        """The user spoke over the answer: its audio and avatar stop now, its text stream ends."""
+        if self.player is not None:
+            self.player.stop()
+        return self._interrupt_answer(AnswerEnd.BARGE_IN)
 
     def _start_response(self, text: str, pts: float, utterance: int, gate: asyncio.Event | None) -> None:
         self._interrupt_answer()
@@ -157,24 +184,38 @@ class Responses:
         With a ``gate`` (a prefetch) the request goes out now and its first token waits for the gate,
         before pacing, so the pace starts when the tokens may be shown. Each ``response`` event
         carries what its token measured (``ttft_ms`` and ``turn_ms`` on the first, ``itl_ms`` on the
-        rest), so a client can keep the raw samples (``synchrony certify``).
+        rest), so a client can keep the raw samples (``synchrony certify``). Where answers are
+        spoken, the raw tokens are read eagerly and teed to the synthesizer as they arrive.
         """
         policy = self._policy() or _level0_policy()
         speech_end = self.clock.wall_of(speech_end_pts)
         pacer = self.make_pacer(policy) if self.make_pacer else None
         request = time.monotonic()  # the responder's request goes out with the first pull below
         since = speech_end if speech_end is not None else request
+        player, word_tokens = self.player, bool(getattr(self.responder, "word_tokens", False))
+        voice: Answer | None = None
+        raw_pieces: list[str] = []
+        shown: list[str] = []
 
         async def released() -> AsyncIterator[str]:
-            async for raw in self.responder.tokens(text, policy):
+            nonlocal voice
+            context = Conversation(tuple(self.history), self._load())
+            async for raw in self.responder.tokens(text, policy, context=context):
                 if gate is not None and not gate.is_set():
                     await gate.wait()
                 self._pacer = pacer  # the answer now being shown follows load changes
+                if player is not None:
+                    if voice is None:
+                        voice = player.begin(utterance, speech_end_pts, lambda: self._policy() or policy)
+                    voice.feed(" " + raw if word_tokens and raw_pieces else raw)
+                raw_pieces.append(raw)
                 yield raw
 
+        source: AsyncIterator[str] = released() if player is None else _eager(released())
+        reason = AnswerEnd.DONE
         try:
             first = True
-            async for tok in (pacer or TokenPacer(policy)).pace(released()):
+            async for tok in (pacer or TokenPacer(policy)).pace(source):
                 timing = None
                 if self.lst is not None:
                     if first:  # only now: an answer still streaming before this one keeps its own ITLs
@@ -182,17 +223,80 @@ class Responses:
                     timing = self.lst.token(tok.emitted)
                     self.observer.response_token(timing)
                 first = False
+                shown.append(tok.text)
                 self.host.emit(ResponseEvent(utterance, tok.index, tok.text, (tok.emitted - since) * 1000, timing))
             if self.lst is not None and not first:
                 self.lst.response_end()
                 self.host.emit(LSTEvent(self.lst.snapshot()))
+            limit = pacer.policy.max_tokens if isinstance(pacer, TokenPacer) else policy.max_tokens
+            if len(raw_pieces) >= limit:
+                reason = AnswerEnd.MAX_TOKENS
+            if voice is not None:
+                voice.close_input()
+                await voice.finished.wait()
         except asyncio.CancelledError:
+            reason = self._cut or AnswerEnd.BARGE_IN
+            self._cut = None
+            if voice is not None:
+                voice.stop()
+            if raw_pieces:  # an answer was under way (not a prefetch dropped before its release)
+                self._answered(text, voice, reason, shown, word_tokens)
             raise
         except Exception as exc:  # noqa: BLE001
+            reason = AnswerEnd.ERROR
+            if voice is not None:
+                voice.stop()
             self.host.fail_stage(Stage.RESPONSE, exc)
         finally:
             if self._pacer is pacer:
                 self._pacer = None
+        if raw_pieces or reason is AnswerEnd.ERROR:
+            self._answered(text, voice, reason, shown, word_tokens)
+
+    def _answered(self, user: str, voice: Answer | None, reason: AnswerEnd, shown: list[str],
+                  word_tokens: bool) -> None:
+        """An answer ended: keep what was delivered in the history, say how it ended."""
+        if voice is not None and not voice.failed:
+            outcome = voice.outcome(reason)
+        else:  # text only (no speech, or the synthesizer failed): the words shown
+            words = (" ".join(shown) if word_tokens else "".join(shown)).split()
+            outcome = AnswerOutcome(voice.id if voice is not None else -1, reason, len(words), " ".join(words))
+        if self.history.maxlen:
+            self.history.append((user, outcome.text))
+        if self.player is not None:
+            if voice is None:
+                return
+            self.observer.answer_ended(str(reason))
+            self.host.emit(ResponseEndEvent(outcome))
+
+
+async def _eager(tokens: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Pull ``tokens`` as fast as they come (a task of its own) and hand them on at the consumer's pace."""
+    queue: asyncio.Queue[tuple[str | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for tok in tokens:
+                queue.put_nowait((tok, None))
+            queue.put_nowait((None, None))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - re-raised in the consumer
+            queue.put_nowait((None, exc))
+
+    task = asyncio.ensure_future(pump())
+    try:
+        while True:
+            tok, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if tok is None:
+                return
+            yield tok
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 def _level0_policy() -> TokenRatePolicy:

@@ -84,6 +84,14 @@ class ServerMetrics:
                                   buckets=_LATENCY_BUCKETS, registry=r)
         self.lst_itl = Histogram("synchrony_lst_itl_seconds", "inter-token interval within a response (pooled)",
                                  buckets=_ITL_BUCKETS, registry=r)
+        self.voice_latency = Histogram("synchrony_voice_latency_seconds",
+                                       "the user's end of speech to the answer's first audio sent (server side)",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.answers = Counter("synchrony_answers", "answers ended, by reason (done, barge_in, max_tokens, error)",
+                               ["reason"], registry=r)
+        self.barge_ins = Counter("synchrony_barge_ins", "answers the user spoke over (barge-in)", registry=r)
+        self.answer_sync = Counter("synchrony_answer_sync_checks", "Level-3 checks of spoken answer words, "
+                                   "by verdict", ["ok"], registry=r)
         self._checks = 0
         self._passed = 0
         self._stage_cpu_seen: dict[Stage, float] = {}

@@ -11,6 +11,10 @@
 * output (``app.live.output``): frame k rendered ``output_delay_s`` after camera time k/16 reached
   the server, so the words that belong on frame k are (usually) known when it is drawn; a word that
   arrives later is drawn on the next frame and its ``frames`` / ``sync`` say so;
+* answer (``app.live.answer``, where the server has a voice): the answer spoken on the audio m-line
+  and its avatar on a second video m-line when the client offered one, both in one MediaStream;
+  every mic chunk goes through the barge-in detector (the answer's echo removed) before the ASR
+  and the turn detector, and the user speaking over an answer stops it;
 * events (``app.live.events``): the typed wire events; metrics (``app.live.observe``) watch beside.
 
 A stage that fails degrades only its own session (an ``error`` event and a log line, the rest goes
@@ -29,12 +33,13 @@ from collections.abc import Callable, Coroutine, Mapping
 
 import av
 import numpy as np
-from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCRtpReceiver
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCRtpReceiver, RTCRtpTransceiver
 
 from alignment.clock import SessionClock, TrackClock
 from alignment.frames import FPS
 from alignment.lst import LSTMeter
-from alignment.types import AudioChunk, TokenRatePolicy, WordToken
+from alignment.types import AudioChunk, LoadEstimate, TokenRatePolicy, WordToken
+from app.live.answer import AnswerPlayer
 from app.live.au import FaceAnalysis
 from app.live.degrade import Degradation
 from app.live.events import ErrorEvent, HelloEvent, TokenEvent
@@ -43,8 +48,9 @@ from app.live.observe import Drop, MetricsObserver
 from app.live.output import CameraFrames, FrameComposer, OutputTrack
 from app.live.response import Responses
 from app.live.server_metrics import ServerMetrics
-from app.live.stages import SessionConfig, Stage, Stages, WireEvent, attempt
+from app.live.stages import BargeInDetector, SessionConfig, Stage, Stages, WireEvent, attempt
 from app.live.turns import TurnDetector
+from app.live.webrtc import media_clock_reports, share_stream
 from app.live.words import OffsetFeed, SyncStage, Transcript
 
 log = logging.getLogger("synchrony.session")
@@ -93,6 +99,9 @@ class Session:
         composer = FrameComposer(self, config, stages, self.camera, self.words, self.faces,
                                  lambda: self.sync, degradation)
         self.output = OutputTrack(self.clock, config.output_delay_s, composer, self.observer)
+        self.answers: AnswerPlayer | None = None
+        self.bargein: BargeInDetector | None = None
+        self._camera_track: MediaStreamTrack | None = None
         self.faces.on_visual = self.feed.visual
         self.faces.on_policy = self._set_policy
 
@@ -110,12 +119,16 @@ class Session:
         self.pc.on("connectionstatechange", self._on_connection_state)
 
     def attach(self) -> None:
-        """After the offer is applied: send the output video and build the per-session stages."""
+        """After the offer is applied: send the output video (and the answer's tracks where the
+        server speaks) and build the per-session stages."""
         video = [t for t in self.pc.getTransceivers() if t.kind == "video"]
         if video:
             video[0].sender.replaceTrack(self.output)
             video[0].direction = "sendrecv"
+            share_stream([video[0].sender])  # the captioned camera: a stream of its own
         st = self.stages
+        if st.voice is not None and self.config.answer is not None:
+            self._attach_answers(video[1] if len(video) > 1 else None)
         validator = attempt(self, Stage.SYNC, st.make_validator) if st.make_validator is not None else None
         if st.make_offset_estimator is not None:
             self.feed.estimator = attempt(self, Stage.SYNC, st.make_offset_estimator)
@@ -127,17 +140,50 @@ class Session:
             self.sync = SyncStage(self, validator, self.feed, self.observer)
         if responder is not None:
             turns = TurnDetector(self.config.turn) if self.config.turn is not None else None
+            history = self.config.answer.history_turns if self.config.answer is not None else 8
             self.responses = Responses(self, responder, turns, self.clock, st.make_pacer, self._lst,
-                                       self.observer, self.faces.latest_policy)
+                                       self.observer, self.faces.latest_policy, player=self.answers,
+                                       load=self._latest_load, history_turns=history)
         self.spawn(self._watchdog(), Stage.WATCHDOG)
+
+    def _attach_answers(self, avatar_transceiver: RTCRtpTransceiver | None) -> None:
+        """The answer's audio on the audio m-line (now sendrecv) and its avatar on the second video
+        m-line, in one MediaStream, their sender reports on the media clock."""
+        st, config = self.stages, self.config.answer
+        assert st.voice is not None and config is not None
+        audio = next((t for t in self.pc.getTransceivers() if t.kind == "audio"), None)
+        if audio is None:
+            return
+        if st.make_bargein is not None:
+            self.bargein = attempt(self, Stage.BARGE_IN, st.make_bargein)
+        bargein = self.bargein
+        player = AnswerPlayer(self, self.clock, st.voice, config, self.observer,
+                              on_played=bargein.played if bargein is not None else None)
+        audio.sender.replaceTrack(player.audio_track)
+        audio.direction = "sendrecv"
+        senders = [audio.sender]
+        zero = lambda: self.clock.zero_wall  # noqa: E731
+        origin = media_clock_reports(audio.sender, player.audio_track.rtp_of, zero)
+        player.rtp_origin = lambda: origin.value
+        avatar = player.enable_avatar() if avatar_transceiver is not None else None
+        if avatar is not None and avatar_transceiver is not None:
+            avatar_transceiver.sender.replaceTrack(avatar)
+            avatar_transceiver.direction = "sendrecv"
+            media_clock_reports(avatar_transceiver.sender, avatar.rtp_of, zero)
+            senders.append(avatar_transceiver.sender)
+        share_stream(senders)
+        self.answers = player
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != "events":
             log.info("session %s: ignoring data channel %r", self.id, channel.label)
             return
         self.channel = channel
+        player = self.answers
         self.emit(HelloEvent(self.id, FPS, self.config.output_delay_s, self._available_stages(),
-                             self.stages.missing))
+                             self.stages.missing, answer_audio=player is not None,
+                             answer_video=player is not None and player.avatar_track is not None,
+                             voice=player.voice.name if player is not None else ""))
 
     def _available_stages(self) -> tuple[Stage, ...]:
         s = self.stages
@@ -147,7 +193,16 @@ class Session:
                    (Stage.LST, s.lst is not None))
         return tuple(stage for stage, here in present if here)
 
+    def _latest_load(self) -> LoadEstimate | None:
+        return self.faces.load[-1] if self.faces.load else None
+
     def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "video" and self._camera_track is not None:
+            log.info("session %s: a second incoming video track is not read", self.id)
+            self.spawn(_drain(track), Stage.VIDEO_IN)
+            return
+        if track.kind == "video":
+            self._camera_track = track
         tclock, receiver = open_track(self.pc, self.clock, track)
         if track.kind == "video":
             self.spawn(self._video_in(track, tclock, receiver), Stage.VIDEO_IN)
@@ -221,10 +276,30 @@ class Session:
 
     def audio(self, pts: float, samples: np.ndarray) -> None:
         chunk = AudioChunk(pts, samples)  # frozen: one per 20 ms for every consumer
+        if self.bargein is not None and self.answers is not None:
+            chunk = self._through_bargein(chunk, self.bargein, self.answers)
         if self.words.push(chunk):
             self.feed.audio(chunk)
         if self.responses is not None and self.responses.turns is not None:
             self.responses.audio(chunk)
+
+    def _through_bargein(self, chunk: AudioChunk, detector: BargeInDetector, player: AnswerPlayer) -> AudioChunk:
+        """The mic chunk without the answer's echo; the user speaking over the answer stops it."""
+        if Stage.BARGE_IN in self._degraded:
+            return chunk
+        try:
+            cleaned, barge = detector.feed(chunk, player.answering)
+        except Exception as exc:  # noqa: BLE001 - the detector failing leaves the raw mic audio
+            self.fail_stage(Stage.BARGE_IN, exc)
+            return chunk
+        if barge is not None and player.answering:
+            log.info("session %s: barge-in at %.3f s", self.id, barge.pts)
+            self.observer.barge_in()
+            if self.responses is not None:
+                self.responses.barge_in()
+            else:
+                player.stop()
+        return cleaned
 
     # --- words and answers ------------------------------------------------------------------
 
@@ -272,6 +347,7 @@ class Session:
             "clock": self.clock.modes(),
             "events": dict(self.counts),
             "frames_sent": self.output.sent,
+            "answer": self.answers.summary() if self.answers is not None else None,
             "sync": {"checks": sync.total if sync else 0, "passed": sync.passed if sync else 0},
             "degraded": dict(self._degraded),
             "lst": lst,
@@ -286,6 +362,8 @@ class Session:
         log.info("session %s ended: %s", self.id, reason)
         self.faces.stop()
         self.output.stop()
+        if self.answers is not None:
+            self.answers.close()
         stream, self.words.stream = self.words.stream, None
         if stream is not None:
             try:
@@ -342,6 +420,13 @@ class Session:
                     self.spawn(self.close(f"{name} failed: {exc}"), Stage.CLOSE)
             else:
                 self.fail_stage(name, exc)
+
+
+async def _drain(track: MediaStreamTrack) -> None:
+    """Read a track nobody uses, so aiortc's queue for it does not grow."""
+    with contextlib.suppress(Exception):
+        while True:
+            await track.recv()
 
 
 __all__ = ["Session", "SessionConfig", "Stages", "OutputTrack"]

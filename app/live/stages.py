@@ -11,12 +11,24 @@ ASR stream to the frame that shows it without opening ``models/``; tests may pas
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from alignment.types import AudioChunk, AUSample, LoadEstimate, SyncCheck, TokenRatePolicy, VideoFrame, WordToken
+import numpy as np
+
+from alignment.types import (
+    AudioChunk,
+    AUSample,
+    LoadEstimate,
+    SpokenPhone,
+    SpokenPhrase,
+    SyncCheck,
+    TokenRatePolicy,
+    VideoFrame,
+    WordToken,
+)
 from app.live.turns import TurnConfig
 
 if TYPE_CHECKING:
@@ -25,6 +37,7 @@ if TYPE_CHECKING:
     from alignment.pacing import PacedToken
     from models.asr import UtteranceEnd
     from models.faces import FaceObservation
+    from models.responders import Conversation
     from models.video import FrameRenderer
 
 
@@ -71,6 +84,9 @@ class Stage(StrEnum):
     AUDIO_IN = "audio-in"
     ASR_EVENTS = "asr-events"
     RESPONSE_PREFETCH = "response-prefetch"
+    ANSWER = "answer"  # the spoken answer's synthesis task
+    TTS = "tts"  # the speech synthesizer (``warning``'s ``stage``)
+    BARGE_IN = "barge-in"  # the echo canceller and barge-in detector
     WATCHDOG = "watchdog"
     CLOSE = "close"
 
@@ -127,7 +143,21 @@ class Responder(Protocol):
 
     prefetch: bool
 
-    def tokens(self, utterance: str, policy: TokenRatePolicy) -> AsyncIterator[str]: ...
+    def tokens(self, utterance: str, policy: TokenRatePolicy,
+               context: Conversation | None = None) -> AsyncIterator[str]: ...
+
+
+class BargeIn(Protocol):
+    """``models.bargein.BargeIn``: the user's speech onset over the answer."""
+
+    pts: float
+
+
+class BargeInDetector(Protocol):
+    """Mic audio with the answer's echo removed, and the user's speech over it (``models.bargein``)."""
+
+    def played(self, pts: float, samples: np.ndarray) -> None: ...
+    def feed(self, chunk: AudioChunk, answering: bool) -> tuple[AudioChunk, BargeIn | None]: ...
 
 
 class Pacer(Protocol):
@@ -135,6 +165,63 @@ class Pacer(Protocol):
 
     def set_policy(self, policy: TokenRatePolicy) -> None: ...
     def pace(self, tokens: AsyncIterator[str]) -> AsyncIterator[PacedToken]: ...
+
+
+# --- the spoken answer (app.live.answer): models.tts, models.avatar, models.visemes -----------------
+
+
+class Synthesizer(Protocol):
+    """``models.tts.SpeechSynthesizer``."""
+
+    name: str
+
+    async def synthesize(self, text: str, wpm: float) -> SpokenPhrase: ...
+
+
+class Mouth(Protocol):
+    """``models.visemes.MouthShape``."""
+
+    open: float
+    width: float
+    round: float
+
+
+class Avatar(Protocol):
+    """``models.avatar.AvatarRenderer``: thread-safe, drawn in the render pool."""
+
+    size: tuple[int, int]
+
+    def draw(self, mouth: Mouth, caption: tuple[str, ...] = (), highlight: int | None = None) -> np.ndarray: ...
+
+
+class Chunker(Protocol):
+    """``models.tts.PhraseChunker``."""
+
+    def feed(self, piece: str) -> list[str]: ...
+    def flush(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Voice:
+    """What speaks an answer and draws its face: the shared models of a server."""
+
+    synthesizer: Synthesizer
+    make_chunker: Callable[[], Chunker]
+    wpm: Callable[[TokenRatePolicy], float]  # load policy → speaking rate
+    avatar: Avatar | None = None
+    mouth_at: Callable[[Sequence[SpokenPhone], float], Mouth] | None = None
+    rest: Mouth | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class AnswerConfig:
+    """Per-session knobs of the spoken answer (``ServerConfig`` fills them)."""
+
+    history_turns: int = 8  # turns of conversation a responder sees
+    #: TEST ONLY: draw the avatar this many seconds behind the audio it is stamped with (the injected
+    #: A/V shift that the answer's Level-3 must catch). Never set by the CLI.
+    avatar_shift_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +235,8 @@ class SessionConfig:
     au_nice: int = 5  # face analysis yields the CPU to ASR and the event loop (CFS weight ≈ 1/3)
     # End-of-turn decisions beside the ASR (app/live/turns.py); None: answer at the ASR's endpoint only.
     turn: TurnConfig | None = field(default_factory=TurnConfig)
+    # Spoken answers (app/live/answer.py) where the server has a voice; None: answers are text only.
+    answer: AnswerConfig | None = None
 
 
 @dataclass
@@ -163,6 +252,8 @@ class Stages:
     make_responder: Callable[[], Responder] | None = None
     make_pacer: Callable[[TokenRatePolicy], Pacer] | None = None
     lst: LSTAggregate | None = None  # one meter per session, pooled for /metrics/lst
+    voice: Voice | None = None  # speaks the answers (synthesizer, chunker, avatar), shared by every session
+    make_bargein: Callable[[], BargeInDetector] | None = None
     missing: dict[str, str] = field(default_factory=dict)
 
 

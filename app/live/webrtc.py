@@ -14,6 +14,10 @@ once, with the pins to restore, instead of misbehaving in a live session.
 * RTP receivers: the session clock needs each track's first packet arrival, its RTCP sender reports
   and the RTP timestamp aiortc's ``frame.pts`` counts from; aiortc keeps all three inside
   ``RTCRtpReceiver`` with no public API (:func:`hook_receiver`, :func:`set_origin`).
+* RTP senders: the answer's two tracks share one MediaStream id (:func:`share_stream`), and their
+  RTCP sender reports carry the media clock's RTP time at the report's NTP time instead of the last
+  packet's send time (:func:`media_clock_reports`), so encoder backlog does not leak into a
+  browser's lip-sync.
 """
 
 from __future__ import annotations
@@ -23,12 +27,24 @@ import importlib.metadata
 import logging
 import random
 import time
+import uuid
+from collections.abc import Callable
 from typing import Protocol
 
 import aioice.ice
 import aioice.stun
-from aiortc import RTCRtpReceiver
-from aiortc.rtp import RtcpPacket, RtcpSrPacket, RtpPacket
+from aiortc import RTCRtpCodecParameters, RTCRtpReceiver, RTCRtpSender
+from aiortc.clock import current_ntp_time
+from aiortc.rtcrtpsender import RTCEncodedFrame
+from aiortc.rtp import (
+    RtcpByePacket,
+    RtcpPacket,
+    RtcpSdesPacket,
+    RtcpSenderInfo,
+    RtcpSourceInfo,
+    RtcpSrPacket,
+    RtpPacket,
+)
 
 from alignment.clock import SenderReport, TrackClock, ntp_to_seconds
 
@@ -127,3 +143,87 @@ def set_origin(receiver: RTCRtpReceiver | None, tclock: TrackClock) -> None:
     origin = getattr(mapper, "_origin", None)  # aiortc's private state: absent before the first frame
     if isinstance(origin, int):
         tclock.set_origin(origin)
+
+
+# --- RTP senders (aiortc) -----------------------------------------------------------------------------
+
+
+def share_stream(senders: list[RTCRtpSender], stream_id: str | None = None) -> str:
+    """Put ``senders`` in one MediaStream (one ``msid`` stream id in the SDP), so a browser lip-syncs
+    their tracks; returns the id. aiortc gives every sender of a peer connection the connection's own
+    stream id (``RTCPeerConnection.__createTransceiver``) and reads ``sender._stream_id`` when it
+    writes the SDP, so this must run before ``createAnswer``."""
+    sid = stream_id or str(uuid.uuid4())
+    for sender in senders:
+        sender._stream_id = sid
+    return sid
+
+
+class SenderOrigin:
+    """The random RTP timestamp origin aiortc adds to a sender's encoder timestamps (a local variable
+    of ``RTCRtpSender._run_rtp``), recovered from the first packets: once a frame's packets are out,
+    the sender's last RTP timestamp minus that frame's encoder timestamp is the origin."""
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+        self._last: int | None = None
+
+    def wrap(self, sender: RTCRtpSender) -> None:
+        original = sender._next_encoded_frame
+
+        async def next_encoded_frame(codec: RTCRtpCodecParameters) -> RTCEncodedFrame | None:
+            if self.value is None and self._last is not None and sender._RTCRtpSender__packet_count > 0:
+                self.value = (sender._RTCRtpSender__rtp_timestamp - self._last) & 0xFFFFFFFF
+            enc = await original(codec)
+            if enc is not None and self.value is None:
+                self._last = enc.timestamp
+            return enc
+
+        sender._next_encoded_frame = next_encoded_frame  # type: ignore[method-assign]
+
+
+def media_clock_reports(sender: RTCRtpSender, rtp_of: Callable[[float], int | None],
+                        zero_wall: Callable[[], float | None]) -> SenderOrigin:
+    """RTCP sender reports whose RTP time is the media clock's at the report's NTP time.
+
+    aiortc pairs the NTP time at which its last RTP packet was SENT with that packet's RTP time, so
+    the encoder's backlog and the pacing of the send loop move every report, and a browser that
+    lip-syncs two tracks by their reports plays one late by that much. Here the report's RTP time
+    is derived from the track's own stamps: ``rtp_of(t)`` is the encoder timestamp (before the
+    sender's origin) of session time ``t``, and ``zero_wall()`` the wall time of session time zero.
+    Until the origin is known (the first frame is out) aiortc's own pair is sent.
+    """
+    origin = SenderOrigin()
+    origin.wrap(sender)
+
+    async def run_rtcp() -> None:
+        p = "_RTCRtpSender__"
+        getattr(sender, p + "rtcp_started").set()
+        try:
+            while True:
+                await asyncio.sleep(0.5 + random.random())
+                ntp, rtp = getattr(sender, p + "ntp_timestamp"), getattr(sender, p + "rtp_timestamp")
+                zero = zero_wall()
+                if origin.value is not None and zero is not None:
+                    wall, now_ntp = time.monotonic(), current_ntp_time()
+                    stamp = rtp_of(wall - zero)
+                    if stamp is not None:
+                        ntp, rtp = now_ntp, (origin.value + stamp) & 0xFFFFFFFF
+                packets: list[RtcpPacket] = [RtcpSrPacket(ssrc=sender._ssrc, sender_info=RtcpSenderInfo(
+                    ntp_timestamp=ntp, rtp_timestamp=rtp,
+                    packet_count=getattr(sender, p + "packet_count") & 0xFFFFFFFF,
+                    octet_count=getattr(sender, p + "octet_count") & 0xFFFFFFFF))]
+                setattr(sender, p + "lsr", (ntp >> 16) & 0xFFFFFFFF)
+                setattr(sender, p + "lsr_time", time.time())
+                cname = getattr(sender, p + "cname")
+                if cname is not None:
+                    packets.append(RtcpSdesPacket(chunks=[RtcpSourceInfo(ssrc=sender._ssrc,
+                                                                         items=[(1, cname.encode("utf8"))])]))
+                await sender._send_rtcp(packets)
+        except asyncio.CancelledError:
+            pass
+        await sender._send_rtcp([RtcpByePacket(sources=[sender._ssrc])])
+        getattr(sender, p + "rtcp_exited").set()
+
+    sender._run_rtcp = run_rtcp  # type: ignore[method-assign]
+    return origin

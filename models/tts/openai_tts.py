@@ -1,0 +1,2 @@
+class OpenAITTS:  # placeholder
+    pass
