@@ -389,10 +389,25 @@ class VoicePeer(WhipPeer):
     """A peer that speaks on cue (``say``) through a :class:`ScriptedMic` and listens to and watches the
     answers (``answer``); it asks for the avatar. Its camera is ``frames`` looped."""
 
-    def __init__(self, url: str, frames: list[np.ndarray], fps: float = 25.0, **kwargs: Any) -> None:
+    def __init__(self, url: str, frames: list[np.ndarray], fps: float = 25.0, decode_camera: bool = True,
+                 **kwargs: Any) -> None:
+        """``decode_camera=False``: the returned camera's frames are counted from RTP, not decoded."""
         kwargs.setdefault("answer_video", True)
         super().__init__(url, audio=np.zeros(AUDIO_FRAME, np.float32), frames=frames, fps=fps, loop=True, **kwargs)
+        self.decode_camera = decode_camera
         self.said: list[Utterance] = []
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        transceiver = self._receiver_of(track)
+        if (track.kind == "video" and not self.decode_camera and transceiver is not None
+                and transceiver is not self._avatar_transceiver):
+            async def count(packet: Any, arrival_time_ms: int) -> None:
+                if packet.marker and packet.payload:
+                    self.frames_received += 1
+
+            transceiver.receiver._handle_rtp_packet = count
+            return
+        super()._on_track(track)
 
     def _audio_track(self, samples16k: np.ndarray, loop: bool) -> MediaStreamTrack:
         return ScriptedMic(self._start, self.echo)

@@ -7,9 +7,10 @@ mouth opening off every avatar frame's pixels (``app.loadtest.answers``). Both t
 one clock through their RTCP sender reports (``alignment.clock``, the server's own session clock
 code): aiortc's receiver does no lip-sync of its own, so the peer does what a browser does.
 
-:class:`ScriptedMic` is the peer's microphone: silence, plus the utterances it is told to ``say`` at
-known instants (their true onset and end of speech are returned), plus, when given an
-``answers.EchoPath``, the answer it received played back into it through a room response.
+:class:`ScriptedMic` is the peer's microphone (``app.loadtest.peer.VoicePeer`` speaks through it):
+silence, plus the utterances it is told to ``say`` at known instants (their true onset and end of
+speech are returned), plus, when given an ``answers.EchoPath``, the answer it received played back
+into it through a room response.
 
 :func:`answer_figures` turns one session's record into per-answer figures: voice-to-voice, barge-in
 stop latency, lip-sync offset, false interruptions and tokens heard from the answer's echo.
@@ -339,6 +340,7 @@ def answer_figures(listener: AnswerListener, events: list[Any], said: list[Utter
         if utt is not None and first is not None:
             fig["voice_to_voice_ms"] = round((first.wall - (t0 + utt.end)) * 1000.0, 1)
             fig["utterance"] = utt.text
+            fig["utterance_index"] = next(k for k, u in enumerate(said) if u is utt)
         end = rec.end_wall if rec.end_wall is not None else hi
         onsets = [u for u in said if first is not None and first.wall - t0 < u.onset < end - t0 + 0.5
                   and u is not utt]
