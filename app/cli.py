@@ -47,6 +47,8 @@ def _analyze(args: argparse.Namespace) -> int:
 
 def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
     """The ``ServerConfig`` that ``serve`` runs, and that ``cluster`` runs on every node."""
+    if args.tts == "openai" and not args.tts_url:
+        raise SystemExit("synchrony: --tts openai needs --tts-url (an OpenAI-compatible base URL, e.g. http://host/v1)")
     return ServerConfig(
         max_sessions=args.max_sessions,
         video_backend=args.video_backend,
@@ -67,6 +69,9 @@ def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
         **({"session_cost_cores": args.session_cost} if args.session_cost else {}),
         turn_end_s=args.turn_end_silence,
         turn_unfinished_end_s=args.turn_unfinished_silence,
+        tts=args.tts,
+        tts_url=args.tts_url,
+        tts_voice=args.tts_voice,
     )
 
 
@@ -146,9 +151,16 @@ def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> N
                    else None)
     p.add_argument("--video-backend", choices=["overlay", "svd"], default="overlay")
     p.add_argument("--svd-model", default=None, help="local SVD pipeline directory (or cached hub id)")
-    p.add_argument("--responder", choices=["caption", "openai"], default="caption")
+    p.add_argument("--responder", choices=["assistant", "caption", "openai"], default="assistant",
+                   help="assistant: a built-in assistant that needs no LLM; caption: echo the transcript (load tests); "
+                        "openai: an OpenAI-compatible chat endpoint at --llm-url")
     p.add_argument("--llm-url", default=None, help="OpenAI-compatible endpoint for --responder openai")
     p.add_argument("--whisper", default=None, help="Whisper checkpoint (.pt) or CTranslate2 directory")
+    p.add_argument("--tts", choices=["festival", "openai", "off"], default="festival",
+                   help="speak the answers (and send the avatar to clients that offer a second video m-line): "
+                        "festival (local, default), openai (an OpenAI-compatible /audio/speech at --tts-url), off")
+    p.add_argument("--tts-url", default=None, help="OpenAI-compatible TTS base URL for --tts openai (…/v1)")
+    p.add_argument("--tts-voice", default=None, help="the answer's voice (festival: slt_hts; openai: alloy)")
     p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN)")
     p.add_argument("--allowed-origin", action="append", default=[],
                    help="a browser Origin allowed on /whip besides the page's own (repeatable)")

@@ -21,6 +21,7 @@ time from the drawn mouths, the text time is the ``answer_word`` event's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -402,7 +403,7 @@ class AnswerPlayer:
             return None
         sent = self._sent_audio[:self._sent_n]
         prev = a.words[w.index - 1].start if w.index > 0 else None
-        onset = onset_after_silence(sent, self._sent_t0, w.start, prev)
+        onset = onset_after_silence(sent + _room_noise()[:self._sent_n], self._sent_t0, w.start, prev)
         if onset is not None:
             return onset
         ph = self._phrase_of(a, w)
@@ -435,6 +436,20 @@ class AnswerPlayer:
         costs = np.array([float(np.mean((drawn - np.interp(pts - lag, grid, want)) ** 2)) for lag in lags])
         best = lags[int(np.argmin(np.round(costs, 9) + 1e-6 * np.abs(lags)))]
         return w.start + float(best)
+
+
+#: The level of a quiet room (dBFS) added to the sent audio before its onsets are looked for: between
+#: answers the track sends digital silence, and a synthesizer's own pauses lie far above that (about
+#: -75 dBFS), so without a floor a phrase's first quiet samples would read as its onset.
+ROOM_DBFS = -60.0
+
+
+@functools.cache
+def _room_noise() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal(int(KEEP_AUDIO_S * SAMPLE_RATE)).astype(np.float32) * 10 ** (ROOM_DBFS / 20)
+    noise.flags.writeable = False
+    return noise
 
 
 def envelope_lag(sent: np.ndarray, sent_t0: float, src: np.ndarray, src_t0: float, start: float,
@@ -600,3 +615,68 @@ def _draw(avatar: Avatar, mouth: Mouth | None) -> np.ndarray:
 
         mouth = REST
     return avatar.draw(mouth)
+
+
+# --- one answer without a peer (warm-up) --------------------------------------------------------------
+
+
+class _LocalHost:
+    """A stand-in session: collects the events, runs the tasks."""
+
+    id = "warm-up"
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.events: list[object] = []
+        self.failures: list[BaseException] = []
+        self.degraded: dict[str, str] = {}
+
+    def emit(self, event: object) -> bool:
+        self.events.append(event)
+        return True
+
+    def fail_stage(self, stage: Stage, exc: BaseException) -> None:
+        self.failures.append(exc)
+
+    def spawn(self, coro: object, name: Stage) -> asyncio.Task[None]:
+        return asyncio.ensure_future(coro)  # type: ignore[arg-type]
+
+
+class _Quiet:
+    """An observer that records nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+async def speak_once(voice: Voice, text: str, timeout_s: float = 20.0) -> list[object]:
+    """Run one answer through a player (synthesis, resampling, playback bookkeeping, the mouth, one
+    avatar frame) as fast as it goes, without tracks; returns the events it emitted. Raises when
+    the synthesizer failed."""
+    from alignment.types import TokenRatePolicy
+
+    host, clock = _LocalHost(), SessionClock()
+    clock.zero_wall = time.monotonic()
+    player = AnswerPlayer(host, clock, voice, AnswerConfig(), _Quiet())  # type: ignore[arg-type]
+    policy = TokenRatePolicy(8.0, 64, 0.5)
+    answer = player.begin(0, None, lambda: policy)
+    for i, word in enumerate(text.split()):
+        answer.feed(word if i == 0 else " " + word)
+    answer.close_input()
+    t, deadline, drew = 0.0, time.monotonic() + timeout_s, False
+    while not answer.finished.is_set() and time.monotonic() < deadline:
+        if player.audio_at(t) is None:
+            await asyncio.sleep(0.01)
+        elif voice.avatar is not None and not drew:
+            mouth = player.mouth_at(t)
+            if mouth is not None:
+                await asyncio.get_running_loop().run_in_executor(None, _draw, voice.avatar, mouth)
+                drew = True
+        t += FRAME_S
+    player.close()
+    warnings = [e for e in host.events if isinstance(e, WarningEvent)]
+    if warnings or answer.failed:
+        raise RuntimeError(warnings[0].message if warnings else "speech synthesis failed")
+    if not answer.finished.is_set():
+        raise TimeoutError(f"the answer was not spoken within {timeout_s:g} s")
+    return host.events

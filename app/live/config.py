@@ -49,6 +49,17 @@ class ServerConfig:
     turn_end_s: float = 0.3  # silence that ends a user's turn (app/live/turns.py); 0: the ASR's endpoint decides
     turn_unfinished_end_s: float = 0.6  # ... after a word a sentence rarely ends on
     max_sdp_bytes: int = MAX_SDP_BYTES
+    # Spoken answers (app/live/answer.py): "festival" (``synchrony serve``'s default), "openai" (an
+    # OpenAI-compatible /audio/speech at tts_url) or "off". Off for in-process servers (tests, benches, the
+    # replay check), whose events stay those of text answers.
+    tts: str = "off"
+    tts_url: str | None = None
+    tts_voice: str | None = None  # festival voice / OpenAI voice name (None: the engine's default)
+    avatar: bool = True  # send the avatar on a second video m-line when the client offers one
+    history_turns: int = 8  # earlier turns a responder sees (user words + the spoken prefix of each answer)
+    # TEST ONLY (no CLI flag): the avatar drawn this many seconds behind the audio it is stamped with,
+    # the injected shift that the answer's Level-3 (``answer_sync``) must catch.
+    avatar_shift_s: float = 0.0
     ui: bool = True  # mount the Gradio page at /
     warmup: bool = True  # load and run every model before /readyz says ready
     stages: tuple[Stage, ...] = (Stage.FACES, Stage.CONTROLLER, Stage.ASR, Stage.RENDER, Stage.SYNC, Stage.RESPONSE,

@@ -46,8 +46,11 @@ def check_offer(sdp: str) -> None:
         if kind not in kinds:
             what = "a DataChannel (m=application) for the 'events' channel" if kind == "application" else kind
             raise SdpError(f"the offer has no {what} section")
+    seen: dict[str, int] = {}
     for sec in sections:
-        _check_section(sec)
+        kind = sec[0][2:].split(" ", 1)[0]
+        seen[kind] = seen.get(kind, 0) + 1
+        _check_section(sec, avatar=kind == "video" and seen[kind] == 2)
     text = "\n".join(lines)
     for attr, what in (("a=ice-ufrag:", "ICE credentials (a=ice-ufrag)"), ("a=ice-pwd:", "ICE credentials (a=ice-pwd)"),
                        ("a=fingerprint:", "a DTLS fingerprint (a=fingerprint)")):
@@ -55,8 +58,9 @@ def check_offer(sdp: str) -> None:
             raise SdpError(f"the offer has no {what}; it may be truncated")
 
 
-def _check_section(sec: list[str]) -> None:
-    """One media section (its ``m=`` line first): accepted, sending, with a codec we decode."""
+def _check_section(sec: list[str], avatar: bool = False) -> None:
+    """One media section (its ``m=`` line first): accepted, sending, with a codec we decode.
+    ``avatar``: the second video section, where the answer's avatar is sent (the client may only receive)."""
     m = re.match(r"m=(\w+) (\d+) (\S+) (.+)$", sec[0])
     if m is None:
         raise SdpError(f"malformed media line: {sec[0][:60]!r}")
@@ -67,7 +71,7 @@ def _check_section(sec: list[str]) -> None:
         raise SdpError(f"the offer rejects its {kind} section (port 0)")
     direction = next((a[2:] for a in sec if a[2:] in ("sendrecv", "sendonly", "recvonly", "inactive")),
                      "sendrecv")
-    wanted = ("sendrecv",) if kind == "video" else ("sendrecv", "sendonly")
+    wanted = ("recvonly", "sendrecv") if avatar else ("sendrecv",) if kind == "video" else ("sendrecv", "sendonly")
     if direction not in wanted:
         raise SdpError(f"the {kind} section is {direction}; it must be {' or '.join(wanted)}")
     if not any(a.startswith("a=rtpmap:") for a in sec):

@@ -26,6 +26,7 @@ from app.live.offer import OfferRefused, authorised, origin_allowed, origin_refu
 from app.live.reliability import freeze_warm_heap, reclaim
 from app.live.server_metrics import ServerMetrics
 from app.live.session import Session, SessionConfig, Stages
+from app.live.stages import AnswerConfig
 from app.live.turns import TurnConfig
 from app.live.video_encoder import install as install_lean_encoder
 from app.live.warmup import WarmState, warm_up
@@ -41,8 +42,11 @@ def session_config(config: ServerConfig) -> SessionConfig:
     if config.turn_end_s > 0:
         turn = TurnConfig(pause_s=min(0.1, config.turn_end_s), end_s=config.turn_end_s,
                           unfinished_end_s=max(config.turn_unfinished_end_s, config.turn_end_s))
+    answer = None
+    if config.tts != "off":
+        answer = AnswerConfig(history_turns=config.history_turns, avatar_shift_s=config.avatar_shift_s)
     return SessionConfig(output_delay_s=config.output_delay_s, output_size=config.output_size,
-                         media_timeout_s=config.media_timeout_s, turn=turn)
+                         media_timeout_s=config.media_timeout_s, turn=turn, answer=answer)
 
 
 def _reclaim_soon(loop: asyncio.AbstractEventLoop) -> None:
@@ -202,7 +206,7 @@ class LiveServer:
             await pc.setRemoteDescription(RTCSessionDescription(sdp, "offer"))
             session.attach()
             await pc.setLocalDescription(await pc.createAnswer())
-            install_lean_encoder(pc)  # the returned video's VP8 at the fastest real-time speed
+            install_lean_encoder(pc)  # the returned videos' VP8 at the fastest real-time speed
         except Exception as exc:  # noqa: BLE001 - aiortc's parser and negotiation raise many kinds
             await session.close("offer refused")  # frees the tracks, tasks and AU thread it started
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

