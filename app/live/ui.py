@@ -76,7 +76,7 @@ _PANEL = """
 
 def speaks_answers(config: ServerConfig) -> bool:
     """Whether sessions of this server speak their answers (then the page keeps echo cancellation on)."""
-    return bool(getattr(config, "speak_answers", getattr(config, "answers", True)))
+    return config.tts != "off"
 
 
 def build_ui(config: ServerConfig, ready: Readiness | None = None) -> gr.Blocks:
