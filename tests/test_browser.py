@@ -222,6 +222,7 @@ async def test_page_speaks_the_answer_with_a_moving_mouth(speaking_stages, fake_
             w, h = 160, 120
             shots = await page.evaluate(_WATCH, [3000, w, h])
             await page.wait_for_selector("#sy-answer-text .sy-spoken", timeout=10_000)
+            clock = await page.get_attribute("#sy-answer-text", "data-clock")
             shot = (ROOT / "docs" / "screenshot-answer.png" if os.environ.get("SYNCHRONY_SCREENSHOT")
                     else tmp_path / "answer.png")
             await page.screenshot(path=str(shot), full_page=True)
@@ -243,4 +244,5 @@ async def test_page_speaks_the_answer_with_a_moving_mouth(speaking_stages, fake_
     assert box[1] <= 0.85 * h  # found on the face, above the caption row
     assert opening.std() > 0.03 and np.ptp(opening) > 0.1, (box, opening.round(2).tolist())  # the mouth moves
     assert state.startswith("answer ended:"), state
+    print(f"karaoke timed by the {clock} clock; answer level max {max(levels):.1f} dBFS")
     assert app.state.sessions == {}

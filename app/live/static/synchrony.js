@@ -145,6 +145,8 @@
     if (!answer) return;
     const rtp = playingRtp();
     const t = rtp === null ? playingSessionTime() : null;
+    // Which clock timed the words (the test reads it): the receiver's played RTP, or the session-time estimate.
+    $("sy-answer-text").dataset.clock = rtp !== null && answer.words.some((w) => w.rtp !== null) ? "rtp" : "session";
     let current = -1;
     for (const w of answer.words) {
       const started = rtp !== null && w.rtp !== null ? rtpDiff(rtp, w.rtp) >= 0 : t !== null && t >= w.start;
@@ -162,7 +164,7 @@
     const box = $("sy-answer-text");
     box.textContent = "";
     answer = { key: m.answer, pts: Number(m.pts) || 0, arrived: performance.now(), words: [], current: -1 };
-    $("sy-answer-state").textContent = `answering “${m.answer}” · server voice latency ${fmt(m.voice_latency_ms, 0)} ms`;
+    $("sy-answer-state").textContent = `answering · server voice latency ${fmt(m.voice_latency_ms, 0)} ms`;
     $("sy-answer-state").className = "sy-note sy-speaking-now";
     if (!karaokeTimer) karaokeTimer = setInterval(karaoke, 20);
   }
