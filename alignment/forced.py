@@ -99,15 +99,20 @@ class ForcedAligner:
         self._cmn = dec.get_cmn()
         return dec
 
+    @staticmethod
+    def _pcm(audio: np.ndarray) -> bytes:
+        """The audio as the decoder hears it: padded with dithered silence, 16-bit."""
+        pad = np.zeros(int(_PAD_S * SAMPLE_RATE), np.float32)
+        x = np.concatenate([pad, np.asarray(audio, np.float32), pad])
+        x += np.random.default_rng(0).normal(0.0, _DITHER, len(x)).astype(np.float32)
+        return (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16).tobytes()
+
     def _run(self, dec: object, audio: np.ndarray, text: str) -> list[tuple[str, int, int]] | None:
         """Decode ``audio`` against ``text``: (word, first frame, last frame) of the padded audio."""
         # The decoder carries state from one utterance to the next (Gaussian selection starts from
         # the last frame's), which moved first words by up to 50 ms with what was aligned before.
         # The same short silent utterance before each call puts it in the same state every time.
-        pad = np.zeros(int(_PAD_S * SAMPLE_RATE), np.float32)
-        x = np.concatenate([pad, np.asarray(audio, np.float32), pad])
-        x += np.random.default_rng(0).normal(0.0, _DITHER, len(x)).astype(np.float32)
-        pcm = (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16).tobytes()
+        pcm = self._pcm(audio)
         try:
             _reset(dec, self._cmn)
             dec.set_align_text(text)
@@ -164,6 +169,35 @@ class ForcedAligner:
             return None  # the last word put in the padding after the audio: the words did not fit it
         it = iter(spans)
         return [None if s is None else next(it) for s in spelled]
+
+    def align_phones(self, audio: np.ndarray, words: Sequence[str]
+                     ) -> tuple[list[AlignedWord | None], list[tuple[str, float, float]]] | None:
+        """:meth:`align`, plus every phone's (name, start, end) from a second, phone-level pass over
+        the same audio (PocketSphinx's sub-word alignment; names are the model's ARPAbet in lower
+        case, silence as ``pau``, as festival names them). Phones are empty where that pass fails."""
+        spans = self.align(audio, words)
+        if spans is None:
+            return None
+        dec = self._decoder
+        duration = len(audio) / SAMPLE_RATE
+        try:
+            dec.set_alignment()
+            dec.start_utt()
+            dec.process_raw(self._pcm(audio), full_utt=True)
+            dec.end_utt()
+            alignment = dec.get_alignment()
+            entries = list(alignment.phones()) if alignment is not None else []
+        except RuntimeError as exc:
+            log.debug("phone alignment failed: %s", exc)
+            return spans, []
+        phones = []
+        for ph in entries:
+            start = min(max(ph.start * FRAME_S - _PAD_S, 0.0), duration)
+            end = min(max((ph.start + ph.duration) * FRAME_S - _PAD_S, 0.0), duration)
+            if end > start:
+                name = ph.name.lower()
+                phones.append(("pau" if name in ("sil", "+nsn+", "+spn+") else name, start, end))
+        return spans, phones
 
 
 _RESET_PCM = (np.random.default_rng(1).normal(0.0, _DITHER, int(0.2 * SAMPLE_RATE)) * 32767.0

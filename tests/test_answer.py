@@ -14,6 +14,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from app.live.server import ServerConfig, create_app, running_server
 from app.live.warmup import WarmState
+from app.live.webrtc import share_transport
 from app.loadtest.peer import WhipPeer
 from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
 
@@ -50,6 +51,15 @@ class AnswerPeer(WhipPeer):
             return await create_offer()
 
         self.pc.createOffer = offer
+        set_remote = self.pc.setRemoteDescription
+
+        async def set_answer(description):  # aiortc's own client has the server's second-m-line snag
+            await set_remote(description)
+            videos = [t for t in self.pc.getTransceivers() if t.kind == "video"]
+            if len(videos) > 1:
+                share_transport(videos[1], videos[0])
+
+        self.pc.setRemoteDescription = set_answer
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         videos = [t for t in self.pc.getTransceivers() if t.kind == "video"]
@@ -77,6 +87,14 @@ class AnswerPeer(WhipPeer):
                     self.avatar_frames.append((float(frame.pts * frame.time_base), frame.to_ndarray(format="rgb24")))
         except (MediaStreamError, asyncio.CancelledError):
             return
+
+
+def _mouth_opens(peer: AnswerPeer, voice) -> np.ndarray:
+    """How open the mouth is on each received avatar frame, measured on the decoded pixels."""
+    from models.avatar import drawn_mouth_open
+
+    box = voice.avatar.mouth_box()
+    return np.array([drawn_mouth_open(img, box) for _, img in peer.avatar_frames])
 
 
 def _speaking_stages(stages, voice, **changes):
@@ -125,4 +143,10 @@ async def test_answer_is_spoken_with_avatar_in_one_stream(live_stages, voice, av
         assert np.abs(peer.audio).max() > 0.05
         syncs = peer.of_type("answer_sync")
         print("answer_sync:", [(s["text"], s["max_delta_ms"], s["ok"]) for s in syncs])
+        print("failed:", [s for s in syncs if not s["ok"]])
+        assert hello["answer"]["video"]
+        opens = _mouth_opens(peer, voice)
+        print(f"drawn mouth open (received frames): max {opens.max():.3f}, frames open {np.mean(opens > 0.01):.0%}")
+        assert opens.max() > 0.02 and np.mean(opens > 0.01) > 0.1 and np.mean(opens < 0.005) > 0.05
+        assert syncs and np.mean([s["ok"] for s in syncs]) >= 0.9
         await peer.close()

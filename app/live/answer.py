@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING
@@ -37,7 +37,7 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from alignment.clock import SessionClock
-from alignment.types import SAMPLE_RATE, AnswerEnd, AnswerOutcome, SpokenPhrase, TokenRatePolicy
+from alignment.types import SAMPLE_RATE, AnswerEnd, AnswerOutcome, SpokenPhone, SpokenPhrase, TokenRatePolicy
 from app.live.events import AnswerStartEvent, AnswerSyncEvent, AnswerWordEvent, WarningEvent
 from app.live.stages import AnswerConfig, Avatar, Mouth, Stage, StageHost, Voice
 
@@ -61,6 +61,8 @@ MAX_LAG_S = 0.2
 #: Sent audio kept for the checks (16 kHz), and drawn mouths (frames).
 KEEP_AUDIO_S = 8.0
 KEEP_FRAMES = 160
+#: The avatar waits up to this many 5 ms steps for the audio frame that covers its frame's time.
+AUDIO_WAIT_STEPS = 8
 #: More behind real time than this and the tracks skip ahead instead of catching up.
 MAX_BEHIND_S = 0.2
 
@@ -85,6 +87,7 @@ class _Phrase:
     source: SpokenPhrase
     pcm: np.ndarray  # int16, 48 kHz
     first_word: int  # answer index of its first word
+    phones: Sequence[SpokenPhone] = ()  # ready for the avatar's mouth
     start: float | None = None  # session s of its first sample, once playing
     offset: int = 0  # samples already handed on
     words: list[_Word] = field(default_factory=list)
@@ -156,7 +159,8 @@ class Answer:
         if self.stopped:
             return
         first = len(self.words)
-        item = _Phrase(phrase, pcm, first)
+        phones = voice.prepare(phrase.phones) if voice.prepare is not None and phrase.phones else phrase.phones
+        item = _Phrase(phrase, pcm, first, phones)
         for i, w in enumerate(phrase.words):
             item.words.append(_Word(first + i, w.text, w.start, w.end))  # relative until scheduled
         self.words.extend(item.words)
@@ -359,7 +363,7 @@ class AnswerPlayer:
                 continue
             end = ph.start + ph.offset / AUDIO_RATE  # only what was actually handed to the audio track
             if ph.start <= t < end:
-                return mouth_at(ph.source.phones, t - ph.start)
+                return mouth_at(ph.phones, t - ph.start)
         return None
 
     def drawn(self, pts: float, mouth: Mouth | None) -> None:
@@ -429,7 +433,7 @@ class AnswerPlayer:
         drawn = np.array([o for _, o in frames])
         if float(np.ptp(drawn)) < 0.05:
             return None
-        phones, dur = ph.source.phones, len(ph.pcm) / AUDIO_RATE
+        phones, dur = ph.phones, len(ph.pcm) / AUDIO_RATE
         grid = np.arange(lo - MAX_LAG_S, hi + MAX_LAG_S + 1e-9, 0.005)  # the mouth its phones ask for
         want = np.array([mouth_at(phones, r).open if 0 <= r < dur else 0.0 for r in grid - ph.start])
         lags = np.arange(-MAX_LAG_S, MAX_LAG_S + 1e-9, 0.005)
@@ -545,6 +549,7 @@ class AnswerAudioTrack(MediaStreamTrack):
         self._pace = _Paced(player.clock, FRAME_S, skip=False)
         self._silence = np.zeros(FRAME_SAMPLES, np.int16)
         self.rtp_base: float | None = None  # session s of RTP timestamp 0 (before the origin)
+        self.handed_until = -math.inf  # session s: the end of the last frame handed on
         self.sent = 0
         self.sent_voice = 0  # frames with answer audio
 
@@ -553,6 +558,7 @@ class AnswerAudioTrack(MediaStreamTrack):
         if self.rtp_base is None:
             self.rtp_base = t
         pcm = self.player.audio_at(t)
+        self.handed_until = t + FRAME_S
         if pcm is not None:
             self.sent_voice += 1
         frame = av.AudioFrame.from_ndarray((self._silence if pcm is None else pcm)[None, :], format="s16",
@@ -586,6 +592,12 @@ class AvatarTrack(MediaStreamTrack):
         from app.live.output import _RENDER_POOL, to_yuv420p
 
         t = await self._pace.next(self)
+        # The mouth at t follows the audio handed on up to t: the audio frame that covers t is due
+        # at the same instant, so wait for it (a few ms) rather than draw a mouth that is not yet heard.
+        for _ in range(AUDIO_WAIT_STEPS):
+            if self.player.audio_track.handed_until >= t + FRAME_S - 1e-6 or self.readyState != "live":
+                break
+            await asyncio.sleep(0.005)
         mouth = self.player.mouth_at(t - self.player.config.avatar_shift_s)
         avatar = self.player.voice.avatar
         assert avatar is not None
@@ -596,7 +608,7 @@ class AvatarTrack(MediaStreamTrack):
                 self._idle = to_yuv420p(image)
             frame = self._idle
         else:
-            image = await asyncio.get_running_loop().run_in_executor(_RENDER_POOL, _draw, avatar, mouth)
+            image = await asyncio.get_running_loop().run_in_executor(_RENDER_POOL, _draw, avatar, mouth, t)
             frame = to_yuv420p(image)
             self.drawn += 1
         self.player.drawn(t, mouth)
@@ -609,12 +621,12 @@ class AvatarTrack(MediaStreamTrack):
         return int(round(t * VIDEO_CLOCK))
 
 
-def _draw(avatar: Avatar, mouth: Mouth | None) -> np.ndarray:
+def _draw(avatar: Avatar, mouth: Mouth | None, t: float | None = None) -> np.ndarray:
     if mouth is None:
         from models.visemes import REST
 
         mouth = REST
-    return avatar.draw(mouth)
+    return avatar.draw(mouth, t=t)
 
 
 # --- one answer without a peer (warm-up) --------------------------------------------------------------

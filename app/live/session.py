@@ -50,7 +50,7 @@ from app.live.response import Responses
 from app.live.server_metrics import ServerMetrics
 from app.live.stages import BargeInDetector, SessionConfig, Stage, Stages, WireEvent, attempt
 from app.live.turns import TurnDetector
-from app.live.webrtc import media_clock_reports, share_stream
+from app.live.webrtc import media_clock_reports, share_stream, share_transport
 from app.live.words import OffsetFeed, SyncStage, Transcript
 
 log = logging.getLogger("synchrony.session")
@@ -128,7 +128,7 @@ class Session:
             share_stream([video[0].sender])  # the captioned camera: a stream of its own
         st = self.stages
         if st.voice is not None and self.config.answer is not None:
-            self._attach_answers(video[1] if len(video) > 1 else None)
+            self._attach_answers(video[1] if len(video) > 1 else None, video[0] if video else None)
         validator = attempt(self, Stage.SYNC, st.make_validator) if st.make_validator is not None else None
         if st.make_offset_estimator is not None:
             self.feed.estimator = attempt(self, Stage.SYNC, st.make_offset_estimator)
@@ -146,7 +146,8 @@ class Session:
                                        load=self._latest_load, history_turns=history)
         self.spawn(self._watchdog(), Stage.WATCHDOG)
 
-    def _attach_answers(self, avatar_transceiver: RTCRtpTransceiver | None) -> None:
+    def _attach_answers(self, avatar_transceiver: RTCRtpTransceiver | None,
+                        camera_transceiver: RTCRtpTransceiver | None) -> None:
         """The answer's audio on the audio m-line (now sendrecv) and its avatar on the second video
         m-line, in one MediaStream, their sender reports on the media clock."""
         st, config = self.stages, self.config.answer
@@ -166,7 +167,8 @@ class Session:
         origin = media_clock_reports(audio.sender, player.audio_track.rtp_of, zero)
         player.rtp_origin = lambda: origin.value
         avatar = player.enable_avatar() if avatar_transceiver is not None else None
-        if avatar is not None and avatar_transceiver is not None:
+        if avatar is not None and avatar_transceiver is not None and camera_transceiver is not None:
+            share_transport(avatar_transceiver, camera_transceiver)
             avatar_transceiver.sender.replaceTrack(avatar)
             avatar_transceiver.direction = "sendrecv"
             media_clock_reports(avatar_transceiver.sender, avatar.rtp_of, zero)

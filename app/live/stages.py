@@ -191,7 +191,8 @@ class Avatar(Protocol):
 
     size: tuple[int, int]
 
-    def draw(self, mouth: Mouth, caption: tuple[str, ...] = (), highlight: int | None = None) -> np.ndarray: ...
+    def draw(self, mouth: Mouth, caption: tuple[str, ...] = (), highlight: int | None = None, *,
+             t: float | None = None) -> np.ndarray: ...
 
 
 class Chunker(Protocol):
@@ -209,9 +210,11 @@ class Voice:
     make_chunker: Callable[[], Chunker]
     wpm: Callable[[TokenRatePolicy], float]  # load policy → speaking rate
     avatar: Avatar | None = None
-    mouth_at: Callable[[Sequence[SpokenPhone], float], Mouth] | None = None
+    mouth_at: Callable[[Sequence[SpokenPhone], float], Mouth] | None = None  # (phones, s into the phrase)
     rest: Mouth | None = None
     name: str = ""
+    #: a phrase's phones made ready for one ``mouth_at`` call per frame (``models.visemes.timeline``)
+    prepare: Callable[[Sequence[SpokenPhone]], Sequence[SpokenPhone]] | None = None
 
 
 @dataclass(frozen=True)

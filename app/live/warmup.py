@@ -166,8 +166,10 @@ def _warm_voice(config: ServerConfig, state: WarmState) -> None:
     """The answer's voice (one synthesizer pool for every session), the avatar, and one answer run
     through the player against a local stand-in session (never the operator's LLM)."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+    from functools import partial
 
-    from app.live.answer import speak_once
+    from app.live.answer import AVATAR_FPS, speak_once
     from app.live.stages import Voice
     from models import tts
 
@@ -177,21 +179,25 @@ def _warm_voice(config: ServerConfig, state: WarmState) -> None:
     if config.tts_voice:
         options["voice"] = config.tts_voice
     synth = state.timed("tts", "load", lambda: tts.make_synthesizer(config.tts, **options))
-    avatar = mouth_at = rest = None
+    avatar = mouth_at = rest = prepare = None
     if config.avatar:
         try:
             from models.avatar import AvatarRenderer
-            from models.visemes import REST, mouth_at
+            from models.visemes import REST, timeline
+            from models.visemes import mouth_at as phone_mouth
 
-            avatar, rest = state.timed("avatar", "load", AvatarRenderer), REST
+            avatar, rest, prepare = state.timed("avatar", "load", AvatarRenderer), REST, timeline
+            mouth_at = partial(phone_mouth, frame_s=1.0 / AVATAR_FPS)  # a short closure still shows on a frame
             state.timed("avatar", "first_inference", lambda: avatar.draw(REST))
         except (ImportError, FileNotFoundError) as exc:
             state.stages.missing["avatar"] = f"not available: {exc}"
-            avatar = mouth_at = rest = None
+            avatar = mouth_at = rest = prepare = None
     name = config.tts_voice or getattr(synth, "voice", None) or tts.ANSWER_VOICE
     voice = Voice(synth, tts.PhraseChunker, tts.speaking_rate_wpm, avatar, mouth_at, rest,
-                  name=f"{config.tts}:{name}")
-    state.timed("tts", "first_answer", lambda: asyncio.run(speak_once(voice, "Hello there. I am ready.")))
+                  name=f"{config.tts}:{name}", prepare=prepare)
+    with ThreadPoolExecutor(1, thread_name_prefix="warm-up-answer") as pool:  # its own loop, whoever calls
+        state.timed("tts", "first_answer",
+                    lambda: pool.submit(asyncio.run, speak_once(voice, "Hello there. I am ready.")).result())
     state.stages.voice = voice
 
 

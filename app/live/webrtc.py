@@ -17,7 +17,7 @@ once, with the pins to restore, instead of misbehaving in a live session.
 * RTP senders: the answer's two tracks share one MediaStream id (:func:`share_stream`), and their
   RTCP sender reports carry the media clock's RTP time at the report's NTP time instead of the last
   packet's send time (:func:`media_clock_reports`), so encoder backlog does not leak into a
-  browser's lip-sync.
+  browser's lip-sync; a second video m-line gets the bundle's transport (:func:`share_transport`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Protocol
 
 import aioice.ice
 import aioice.stun
-from aiortc import RTCRtpCodecParameters, RTCRtpReceiver, RTCRtpSender
+from aiortc import RTCRtpCodecParameters, RTCRtpReceiver, RTCRtpSender, RTCRtpTransceiver
 from aiortc.clock import current_ntp_time
 from aiortc.rtcrtpsender import RTCEncodedFrame
 from aiortc.rtp import (
@@ -227,3 +227,17 @@ def media_clock_reports(sender: RTCRtpSender, rtp_of: Callable[[float], int | No
 
     sender._run_rtcp = run_rtcp  # type: ignore[method-assign]
     return origin
+
+
+def share_transport(transceiver: RTCRtpTransceiver, like: RTCRtpTransceiver) -> None:
+    """Carry ``transceiver``'s media on ``like``'s transport.
+
+    A second m-line of one kind (the avatar's video after the camera's) is created by aiortc on the
+    first one's transport before the offer's BUNDLE group is applied; the group then moves the first
+    m-line onto the bundle's transport but skips the second (already marked bundled), which is left
+    on a transport that never connects, so its sender never starts.
+    """
+    transport = like.receiver.transport
+    if transceiver.receiver.transport is not transport:
+        transceiver.receiver.setTransport(transport)
+        transceiver.sender.setTransport(transport)

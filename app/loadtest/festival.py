@@ -9,13 +9,13 @@ first segment (Word → SylStructure → Segment relations), the same convention
 events (a stop's closure belongs to the word).
 
 Festival runs as a subprocess (``festival --batch``); install ``festival festvox-us-slt-hts
-festvox-kallpc16k festvox-kdlpc16k`` (the Makefile does).
+festvox-kallpc16k festvox-kdlpc16k`` (the Makefile does). The voice names and the install check are
+:mod:`models.tts.festival`'s, whose resident pool speaks the product's answers.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
 import wave
@@ -25,13 +25,9 @@ import numpy as np
 
 from alignment.espeak import Speech, TimedWord, resample
 from alignment.types import SAMPLE_RATE
+from models.tts.festival import VOICES, available
 
-#: Short name → festival voice function. All three ship in Debian (festvox-*).
-VOICES: dict[str, str] = {
-    "slt_hts": "voice_cmu_us_slt_arctic_hts",
-    "kal_diphone": "voice_kal_diphone",
-    "ked_diphone": "voice_ked_diphone",
-}
+__all__ = ["VOICES", "FestivalUnavailable", "available", "synthesize_festival"]
 
 # Duration_Stretch is pinned to 1: the diphone voices default to 1.1, the HTS voice to 1.
 _SCRIPT = """({voice})
@@ -48,16 +44,6 @@ _SAFE = re.compile(r"[^a-zA-Z' ]+")
 
 class FestivalUnavailable(RuntimeError):
     """festival or the asked voice is not installed (``apt-get install festival festvox-...``)."""
-
-
-def available(voice: str = "slt_hts") -> bool:
-    """True when festival and ``voice`` are installed."""
-    if shutil.which("festival") is None:
-        return False
-    if voice not in VOICES:
-        return False
-    folder = VOICES[voice].removeprefix("voice_")  # voice_kal_diphone lives in voices/english/kal_diphone
-    return any(Path("/usr/share/festival/voices").glob(f"*/{folder}"))
 
 
 def synthesize_festival(text: str, voice: str = "slt_hts", lead_in_s: float = 0.0, timeout_s: float = 60.0

@@ -7,13 +7,12 @@ on one machine (festival's server protocol trusts any local client), a dead chil
 end-of-file on its pipe, and the pool already serialises requests per process. Festival buffers
 stdout, so every reply line goes to stderr (unbuffered), where its own errors land in order too.
 
-Timing comes from the utterance itself: each of our tokens is a Token item, its Word daughters
-reach their segments through SylStructure, and the Segment relation gives every phone's end. The
-HTS voice ignores ``Duration_Stretch`` (its durations come from the HTS engine), so the rate is set
-with the engine's speed option ``-r`` there and with ``Duration_Stretch`` for the diphone voices,
-each from the voice's natural rate (:data:`NATURAL_WPM`, measured by ``bench/tts.py``). Blocking
-pipe I/O runs in the pool's own threads (one per process); a request has a deadline, after which
-its process is killed and started again, as is any process found dead.
+Times come from the utterance: each of our tokens is a Token item whose Word daughters reach their
+segments through SylStructure; the Segment relation gives every phone's end. The HTS voice ignores
+``Duration_Stretch`` (the HTS engine sets its durations), so its rate is the engine's speed ``-r``;
+the diphone voices take ``Duration_Stretch``; both from the voice's :data:`NATURAL_WPM`. Pipe I/O
+runs in the pool's threads (one per process); past a request's deadline its process is killed and
+started again, as is any process found dead (docs/SPEECH.md).
 """
 
 from __future__ import annotations
@@ -255,6 +254,10 @@ class FestivalTTS:
         """CPU seconds the pool's festival processes have used, ended ones included."""
         return sum(p.cpu_s_dead + process_cpu_s(p.pid) for p in self._procs)
 
+    async def warm(self) -> None:
+        """Every process's voice loaded and used once (a server calls this before it is ready)."""
+        await asyncio.gather(*(self.synthesize("Ready.", NATURAL_WPM[self.voice]) for _ in self._procs))
+
     async def synthesize(self, text: str, wpm: float) -> SpokenPhrase:
         wpm = check_request(text, wpm)
         if self._closed:
@@ -303,8 +306,6 @@ class FestivalTTS:
                 self.restarts += 1
                 if attempt == 2:
                     raise TTSError("festival died while speaking") from None
-            except TTSError:
-                raise
             except (OSError, ValueError, wave.Error) as exc:
                 proc.restart()
                 self.restarts += 1
