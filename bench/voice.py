@@ -250,9 +250,8 @@ def lip_bias(texts: list[str], fps: float = 16.0) -> list[float]:
     phone times → ``models.visemes.mouth_at`` → ``models.avatar.AvatarRenderer`` → the peer's measure."""
     try:
         from models.avatar import AvatarRenderer
-        from models.visemes import mouth_at
-
         from models.tts import FestivalTTS
+        from models.visemes import mouth_at
     except ImportError as exc:
         print(f"(lip-sync bias not measured: {exc})")
         return []
@@ -326,7 +325,9 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     print(f"\nbuilt-in responder, 1 session, echo path {'off' if args.no_echo else 'on'} "
           f"(room taps {ans.RoomResponse.seeded(args.seed).taps if not args.no_echo else '-'}); "
           f"load average {[round(x, 2) for x in os.getloadavg()]}")
-    print(f"  answers {len(figs)} ({len(audible)} audible), turns answered {out['answered']} of {args.turns}, "
+    orphans = sum(f.get("utterance") is None for f in figs)
+    print(f"  answers {len(figs)} ({len(audible)} audible; {orphans} answering nothing the peer said, e.g. its "
+          f"echo heard as speech), turns answered {out['answered']} of {args.turns}, "
           f"barge-ins made {out['barge_ins_made']} of {args.barge_ins}, warnings {len(warnings)}")
     print(f"  voice-to-voice (true end of speech → first answer packet ≥ -40 dBFS): n={len(v2v)} "
           f"p50 {fmt(pct(v2v, .5))}, p95 {fmt(pct(v2v, .95))}, max {fmt(max(v2v) if v2v else None)}; "

@@ -324,7 +324,7 @@ def answer_figures(listener: AnswerListener, events: list[Any], said: list[Utter
 
     An answer's audio is what arrived from ``lead_s`` before its ``answer_start`` until ``lead_s`` before
     the next one's. Its utterance is the one whose true end is nearest the server's ``speech_end``
-    (session clock ≈ peer clock on loopback; within 1 s), else the last that ended before its audio.
+    (session clock ≈ peer clock on loopback; within 1 s): ``_answered``.
     """
     records = answers_of(events)
     out = []
@@ -359,14 +359,16 @@ def answer_figures(listener: AnswerListener, events: list[Any], said: list[Utter
 
 
 def _answered(rec: AnswerRecord, said: list[Utterance], first_s: float | None) -> Utterance | None:
+    """The utterance an answer answers: the one whose true end is nearest the server's ``speech_end``
+    (within 1 s); without a ``speech_end``, the last one that ended at most 3 s before the answer's audio.
+    None for an answer to nothing the peer said (its own echo, heard as speech)."""
     if rec.speech_end is not None:
         near = min(said, key=lambda u: abs(u.end - rec.speech_end), default=None)
-        if near is not None and abs(near.end - rec.speech_end) <= 1.0:
-            return near
+        return near if near is not None and abs(near.end - rec.speech_end) <= 1.0 else None
     if first_s is None:
         return None
     before = [u for u in said if u.end <= first_s]
-    return before[-1] if before else None
+    return before[-1] if before and first_s - before[-1].end <= 3.0 else None
 
 
 def lip_sync(listener: AnswerListener, lo_wall: float, hi_wall: float) -> ans.LipSync | None:
