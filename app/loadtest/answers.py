@@ -89,6 +89,22 @@ def stop_latency(onset: float, packets: Sequence[Packet], before: float = math.i
     return None if last is None else last.wall + FRAME_S - onset
 
 
+def speech_span(samples: np.ndarray, rate: int, rel_db: float = -40.0, hop_s: float = 0.005) -> tuple[int, int] | None:
+    """(first, end) sample of the speech in ``samples``: the first and last ``hop_s`` window whose RMS is
+    within ``rel_db`` of the loudest one. A synthesizer's leading pause is not digital silence (festival's
+    diphone voices hiss at about -60 dBFS), so a sample threshold would put the onset in the pause."""
+    x = np.asarray(samples, np.float64)
+    hop = max(int(round(hop_s * rate)), 1)
+    n = len(x) // hop
+    if n == 0:
+        return None
+    rms = np.sqrt(np.mean(x[: n * hop].reshape(n, hop) ** 2, axis=1))
+    if rms.max() <= 0:
+        return None
+    active = np.flatnonzero(rms >= rms.max() * 10 ** (rel_db / 20))
+    return int(active[0]) * hop, min((int(active[-1]) + 1) * hop, len(x))
+
+
 # --- the avatar's mouth, read from pixels ------------------------------------------------------------
 
 #: Luma (0–255) under which a pixel of the mouth box counts as the open mouth's dark inside.

@@ -277,11 +277,12 @@ def answer_summary(peer: Any, truth: lm.ClipTruth, t0: float, until: float) -> d
                            "starts": sum(e.type == "answer_start" for e in peer.events)}
     if not listener.decode or not truth.words or truth.period_s <= 0:
         return out
-    said = [Utterance(" ".join(w.text for w in truth.words), r * truth.period_s + truth.words[0].start,
+    onset = truth.speech_onset if truth.speech_onset is not None else truth.words[0].start
+    said = [Utterance(" ".join(w.text for w in truth.words), r * truth.period_s + onset,
                       r * truth.period_s + truth.utterance_end) for r in range(int(until // truth.period_s) + 1)]
     per = [f for f in answer_figures(listener, peer.events, said, t0)]
     out.update(lm.answer_stats(per))
-    out["answers"] = [[f.get("reason"), f.get("voice_to_voice_ms"), f.get("stop_ms"), f.get("lip_sync_ms"),
+    out["per_answer"] = [[f.get("reason"), f.get("voice_to_voice_ms"), f.get("stop_ms"), f.get("lip_sync_ms"),
                        f.get("false_interruption")] for f in per[:500]]
     return out
 

@@ -43,6 +43,7 @@ class ClipTruth:
     markers: tuple[float, ...]  # audio click times (the flashes are at marker + av_offset_s)
     period_s: float
     av_offset_s: float
+    speech_onset: float | None = None  # where the utterance's sound starts (a first stop's closure is silent)
 
     @property
     def utterance_end(self) -> float:
@@ -81,7 +82,11 @@ def clip_truth(clip: Any) -> ClipTruth:
         TruthWord(normalise(w.text), float(w.start), float(min(max(e, w.start + 0.05), nxt)))
         for w, e, nxt in zip(clip.words, ends, nexts, strict=True)
     )
-    return ClipTruth(words, tuple(clip.markers), len(audio) / SAMPLE_RATE, float(clip.av_offset_s))
+    from app.loadtest.answers import speech_span
+
+    span = speech_span(speech, SAMPLE_RATE)
+    return ClipTruth(words, tuple(clip.markers), len(audio) / SAMPLE_RATE, float(clip.av_offset_s),
+                     None if span is None else span[0] / SAMPLE_RATE)
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:

@@ -229,16 +229,16 @@ class ScriptedMic(MediaStreamTrack):
             barge_in: bool = False) -> Utterance:
         """Schedule 16 kHz speech to start at peer time ``at_s`` (default: 60 ms from now); its truth.
 
-        The samples are trimmed to their voiced part first (|x| > 1e-3), so onset and end of speech are
-        exactly where the sound starts and stops.
+        The samples are trimmed to their speech first (``answers.speech_span``: 5 ms windows within 40 dB
+        of the loudest), so onset and end of speech are where the sound starts and stops.
         """
         from app.loadtest.testmedia import resample
 
         x = np.asarray(samples16k, np.float32)
-        voiced = np.flatnonzero(np.abs(x) > 1e-3)
-        if voiced.size == 0:
+        span = ans.speech_span(x, SAMPLE_RATE)
+        if span is None:
             raise ValueError("nothing to say: the samples are silent")
-        x = x[int(voiced[0]) : int(voiced[-1]) + 1]
+        x = x[span[0] : span[1]]
         pcm = resample(x, SAMPLE_RATE, AUDIO_RATE).astype(np.float32)
         earliest = (self._n + 3) * AUDIO_FRAME
         begin = max(int(round((at_s if at_s is not None else self.now_s + 0.06) * AUDIO_RATE)), earliest)
