@@ -150,3 +150,66 @@ async def test_answer_is_spoken_with_avatar_in_one_stream(live_stages, voice, av
         assert opens.max() > 0.02 and np.mean(opens > 0.01) > 0.1 and np.mean(opens < 0.005) > 0.05
         assert syncs and np.mean([s["ok"] for s in syncs]) >= 0.9
         await peer.close()
+
+
+async def _one_answer(app, peer: AnswerPeer, timeout: float = 90.0) -> tuple[dict, dict]:
+    await peer.connect()
+    hello = await peer.wait_for("hello", timeout=10)
+    end = await peer.wait_for("response_end", timeout=timeout)
+    await asyncio.sleep(0.5)  # the last checks (0.3 s after the last word)
+    return hello, end
+
+
+async def test_injected_avatar_shift_fails_the_answer_level3(live_stages, voice, av_clip):  # noqa: F811
+    """The avatar drawn 80 ms behind the audio it is stamped with (the send path): answer_sync fails."""
+    app = create_app(ServerConfig(ui=False, tts="festival", avatar_shift_s=0.08),
+                     stages=_speaking_stages(live_stages, voice))
+    async with running_server(app) as base:
+        peer = AnswerPeer(f"{base}/whip", av_clip)
+        hello, end = await _one_answer(app, peer)
+        syncs = [s for s in peer.of_type("answer_sync") if s["answer"] == end["answer"]]
+        print("shifted answer_sync:", [(s["text"], s["max_delta_ms"], s["ok"]) for s in syncs])
+        assert hello["answer"]["video"] and syncs
+        assert np.mean([s["ok"] for s in syncs]) <= 0.1
+        shifts = [s["video"] - s["audio"] for s in syncs if s["video"] is not None and s["audio"] is not None]
+        assert np.median(shifts) == pytest.approx(0.08, abs=0.02)
+        await peer.close()
+
+
+async def test_without_the_avatar_mline_the_answer_is_audio_and_text(live_stages, voice, av_clip):  # noqa: F811
+    app = create_app(ServerConfig(ui=False, tts="festival"), stages=_speaking_stages(live_stages, voice))
+    async with running_server(app) as base:
+        peer = AnswerPeer(f"{base}/whip", av_clip, avatar=False)
+        hello, end = await _one_answer(app, peer)
+        assert hello["answer"] == {"audio": True, "video": False, "voice": voice.name}
+        assert not peer.avatar_frames and len([m for m in peer.pc.getTransceivers() if m.kind == "video"]) == 1
+        assert end["reason"] == "done" and end["words"] > 3 and peer.of_type("response")
+        assert np.abs(peer.audio).max() > 0.05
+        syncs = peer.of_type("answer_sync")
+        assert syncs and all(s["video"] is None for s in syncs) and np.mean([s["ok"] for s in syncs]) >= 0.9
+        await peer.close()
+
+
+@pytest.mark.parametrize("failure", ["down", "garbage"])
+async def test_tts_failing_gives_one_warning_and_text_answers(live_stages, voice, av_clip, failure):  # noqa: F811
+    """A synthesizer that cannot be reached, or answers bytes that are no audio: one warning, the
+    answer as text, the session lives on."""
+    from app.loadtest.tts_standin import StandInTTS
+    from models.tts import make_synthesizer
+
+    standin = await StandInTTS(mode="garbage").start() if failure == "garbage" else None
+    url = standin.base_url if standin is not None else "http://127.0.0.1:9/v1"
+    down = dataclasses.replace(voice, synthesizer=make_synthesizer("openai", base_url=url))
+    app = create_app(ServerConfig(ui=False, tts="openai"), stages=_speaking_stages(live_stages, down))
+    async with running_server(app) as base:
+        peer = AnswerPeer(f"{base}/whip", av_clip)
+        hello, end = await _one_answer(app, peer)
+        warnings = peer.of_type("warning")
+        assert len(warnings) == 1 and warnings[0]["stage"] == "tts" and "text" in warnings[0]["message"]
+        text = " ".join(m["text"] for m in peer.of_type("response") if m["utterance"] == end["answer"])
+        assert end["reason"] == "done" and end["text"] == text and end["words"] == len(text.split()) > 3
+        assert not peer.of_type("answer_word") and peer.session_id in app.state.sessions
+        print(f"{failure}: {warnings[0]['message']}")
+        await peer.close()
+    if standin is not None:
+        await standin.stop()

@@ -102,8 +102,9 @@ def test_au_load_hello_error_events_are_the_wire_objects():
         ("policy", {"tokens_per_s": 8.123, "max_tokens": 128, "temperature": 0.612})]
     hello = HelloEvent("s1", 16, 1.5, (Stage.VIDEO, Stage.TOKEN, Stage.AU), {"lst": "disabled by configuration"})
     assert _keys_and_values(hello) == [
-        ("type", "hello"), ("session", "s1"), ("version", 1), ("fps", 16), ("output_delay_s", 1.5),
-        ("stages", ["au", "token", "video"]), ("missing", {"lst": "disabled by configuration"})]
+        ("type", "hello"), ("session", "s1"), ("version", 2), ("fps", 16), ("output_delay_s", 1.5),
+        ("stages", ["au", "token", "video"]), ("missing", {"lst": "disabled by configuration"}),
+        ("answer", {"audio": False, "video": False, "voice": ""})]
     assert _keys_and_values(ErrorEvent(Stage.RENDER, "RuntimeError: boom")) == [
         ("type", "error"), ("stage", "render"), ("message", "RuntimeError: boom"), ("fatal", False)]
     assert type(ErrorEvent(Stage.RENDER, "x").to_wire()["stage"]) is str

@@ -61,6 +61,8 @@ MAX_LAG_S = 0.2
 #: Sent audio kept for the checks (16 kHz), and drawn mouths (frames).
 KEEP_AUDIO_S = 8.0
 KEEP_FRAMES = 160
+#: After the synthesizer failed, answers are text only for this long before it is tried again.
+TTS_RETRY_S = 30.0
 #: The avatar waits up to this many 5 ms steps for the audio frame that covers its frame's time.
 AUDIO_WAIT_STEPS = 8
 #: More behind real time than this and the tracks skip ahead instead of catching up.
@@ -145,6 +147,9 @@ class Answer:
             self._maybe_finished()
 
     async def _speak(self, voice: Voice, text: str) -> None:
+        if self.player.tts_down:  # failed moments ago: do not make every answer wait for it again
+            self.failed = True
+            return
         wpm = voice.wpm(self._policy())
         try:
             phrase = await asyncio.wait_for(voice.synthesizer.synthesize(text, wpm), self.player.synth_timeout_s)
@@ -247,6 +252,7 @@ class AnswerPlayer:
         self.on_played = on_played  # the barge-in detector's view of what was sent (16 kHz)
         self.current: Answer | None = None
         self._warned = False
+        self._down_until = -math.inf
         self.audio_track = AnswerAudioTrack(self)
         self.avatar_track: AvatarTrack | None = None
         # what was handed on, for the answer's Level-3
@@ -294,8 +300,14 @@ class AnswerPlayer:
         if self.avatar_track is not None:
             self.avatar_track.stop()
 
+    @property
+    def tts_down(self) -> bool:
+        return time.monotonic() < self._down_until
+
     def tts_failed(self, message: str) -> None:
-        """One ``warning`` per session: the answers go on as text."""
+        """One ``warning`` per session: the answers go on as text (the synthesizer is tried again
+        after ``TTS_RETRY_S``)."""
+        self._down_until = time.monotonic() + TTS_RETRY_S
         self.observer.stage_failed(Stage.TTS)
         if not self._warned:
             self._warned = True

@@ -196,6 +196,9 @@ def _warm_voice(config: ServerConfig, state: WarmState) -> None:
     voice = Voice(synth, tts.PhraseChunker, tts.speaking_rate_wpm, avatar, mouth_at, rest,
                   name=f"{config.tts}:{name}", prepare=prepare)
     with ThreadPoolExecutor(1, thread_name_prefix="warm-up-answer") as pool:  # its own loop, whoever calls
+        warm = getattr(synth, "warm", None)
+        if warm is not None:  # every pooled process's voice loaded
+            state.timed("tts", "warm", lambda: pool.submit(asyncio.run, warm()).result())
         state.timed("tts", "first_answer",
                     lambda: pool.submit(asyncio.run, speak_once(voice, "Hello there. I am ready.")).result())
     state.stages.voice = voice
