@@ -76,10 +76,12 @@ async def test_voice_peer_measures_voice_to_voice_lip_sync_and_barge_in(speaking
         finally:
             await peer.close()
     figs = peer.figures()
+    print(figs)
     assert len(figs) >= 2, figs
     one = figs[0]
     assert one["reason"] == "done" and one["audible"] and one["utterance_index"] == 0
     assert one["voice_to_voice_ms"] is not None and 0 < one["voice_to_voice_ms"] < 5000
+    assert not peer.answer.errors, peer.answer.errors
     assert peer.answer.avatar_frames > 16, "no avatar frames came back"
     assert peer.answer.box is not None and len(peer.answer.mouth) > 16  # the mouth was found in the pixels
     assert one["lip_sync_ms"] is not None and abs(one["lip_sync_ms"]) <= 300

@@ -46,7 +46,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from alignment.types import SAMPLE_RATE
 from app.live.ice import is_loopback_url, loopback_candidates
-from app.live.webrtc import patient_consent
+from app.live.webrtc import patient_consent, share_transport
 from app.loadtest.voicepeer import AnswerListener, ScriptedMic, Utterance, answer_figures
 
 AUDIO_RATE = 48_000
@@ -262,6 +262,9 @@ class WhipPeer:
         self.location = str(httpx.URL(self.url).join(resp.headers["Location"]))
         self.session_id = self.location.rstrip("/").rsplit("/", 1)[-1]
         await self.pc.setRemoteDescription(RTCSessionDescription(resp.text, "answer"))
+        if self._avatar_transceiver is not None:  # aiortc leaves a second video m-line off the bundle
+            camera = next(t for t in self.pc.getTransceivers() if t.kind == "video")
+            share_transport(self._avatar_transceiver, camera)
         await asyncio.wait_for(self.channel_open.wait(), timeout)
 
     async def close(self, delete: bool = True) -> int | None:

@@ -82,6 +82,7 @@ class AnswerListener:
         self._arrivals: dict[int, float] = {}
         self._arrival_order: deque[int] = deque()
         self.tasks: list[asyncio.Task] = []
+        self.errors: list[str] = []  # a reader that failed says why here (a task's exception is otherwise lost)
 
     # --- wiring -------------------------------------------------------------------------------
 
@@ -155,6 +156,8 @@ class AnswerListener:
                     self.echo.played(now - self._t0(), pcm)  # played when the jitter buffer lets it out
         except (MediaStreamError, asyncio.CancelledError):
             return
+        except Exception as exc:  # noqa: BLE001 - a measuring peer reports, it does not crash the run
+            self.errors.append(f"answer audio: {type(exc).__name__}: {exc}")
 
     async def _read_avatar(self, track: MediaStreamTrack, receiver: Any, tclock: Any) -> None:
         from app.live.webrtc import set_origin
@@ -175,6 +178,8 @@ class AnswerListener:
                     self.mouth.append(MouthSample(now, media, ans.mouth_opening(y, self.box)))
         except (MediaStreamError, asyncio.CancelledError):
             return
+        except Exception as exc:  # noqa: BLE001 - a measuring peer reports, it does not crash the run
+            self.errors.append(f"avatar: {type(exc).__name__}: {exc}")
 
     def _find_box(self) -> None:
         """Once the answer has played long enough for the mouth to move, find the box from the pixels."""
