@@ -29,6 +29,7 @@ def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: floa
 
     step = int(SAMPLE_RATE / fps)  # samples per video frame (640 at 25 fps: also 2 × 20 ms)
     speech = testmedia.speak(text, voice or DEFAULT_VOICE, lead_in_s=0.6)
+    speech = _gate_pauses(speech)
     total = int(np.ceil((len(speech.samples) + 0.6 * SAMPLE_RATE) / step) * step)
     tail_s = (total - len(speech.samples) + 0.5) / SAMPLE_RATE
     half = 0.5 / fps
@@ -43,6 +44,26 @@ def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: floa
     while len(frames) < n_frames:
         frames.append(frames[-1])
     return replace(clip, audio=audio, frames=frames)
+
+
+def _gate_pauses(speech: Any) -> Any:
+    """The speech with the synthesizer's leading and trailing pause set to digital silence.
+
+    festival's pauses hiss at about -60 dBFS; after the clip's digitally silent lead-in that step reads
+    as the utterance's acoustic onset (``alignment.onsets``) 200+ ms before its first word's sound, and
+    every loop's first word would fail its Level-3 onset check. espeak-ng's pauses are silent already.
+    """
+    from alignment.types import SAMPLE_RATE
+    from app.loadtest.answers import speech_span
+
+    x = np.array(speech.samples, np.float32)
+    span = speech_span(x, SAMPLE_RATE)
+    if span is None:
+        return speech
+    margin = SAMPLE_RATE // 100
+    x[: max(span[0] - margin, 0)] = 0.0
+    x[span[1] + margin :] = 0.0
+    return replace(speech, samples=x)
 
 
 def encode_vp8_loop(frames: list[np.ndarray], fps: float, bitrate: int = 800_000, gop: int = 25) -> list[Any]:
