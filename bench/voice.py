@@ -14,9 +14,10 @@ Everything is measured at an aiortc peer (``app.loadtest.peer.VoicePeer``) over 
 scripted microphone, so each utterance's true end of speech is known; voice-to-voice is that instant to
 the first received answer packet above -40 dBFS (arrival wall time). For barge-ins the peer starts its
 next sentence 0.5–1.5 s (seeded) into an answer and times how long the answer's audio still arrives.
-With the echo path on (default), the received answer is played back into the peer's microphone through
-a seeded room response (30–250 ms taps); answers ended as ``barge_in`` with no peer speech over them are
-false interruptions, and final user words in none of the peer's utterances are words heard from the echo.
+With the echo path on (default; in the barge-in phase, and in the turns with ``--echo-turns``), the
+received answer is played back into the peer's microphone through a seeded room response (30–250 ms
+taps); answers ended as ``barge_in`` with no peer speech over them are false interruptions, and final
+user words in none of the peer's utterances are words heard from the echo.
 Lip-sync is the mouth opening read from the received avatar frames' pixels against the received audio's
 envelope, both on the peer's clock through the RTCP sender reports (``app.loadtest.answers``); the same
 measure on the avatar drawn offline at zero shift (``models.avatar``, festival's phone times) is its
@@ -103,6 +104,7 @@ class Run:
         self.args, self.server_args, self.name = args, server_args, name
         self.deadline = 0.0
         self.peer: Any = None
+        self.echo: ans.EchoPath | None = None
         self.phase_of: dict[int, str] = {}  # utterance index in peer.said → "turn" | "barge"
 
     async def __aenter__(self) -> Run:
@@ -113,8 +115,8 @@ class Run:
         self.server = SpawnedServer(2, log, self.server_args)
         print(f"[{self.name}] server on 127.0.0.1:{self.server.port} (log {log}) ...", flush=True)
         await asyncio.to_thread(self.server.wait_ready)
-        echo = None if self.args.no_echo else ans.EchoPath(ans.RoomResponse.seeded(self.args.seed))
-        self.peer = VoicePeer(self.server.url, camera(), fps=16.0, echo=echo, decode_camera=False)
+        self.echo = None if self.args.no_echo else ans.EchoPath(ans.RoomResponse.seeded(self.args.seed))
+        self.peer = VoicePeer(self.server.url, camera(), fps=16.0, echo=self.echo, decode_camera=False)
         await self.peer.connect(timeout=20)
         await asyncio.sleep(1.5)  # the session settles (first frames, face, silence for the VAD)
         return self
@@ -152,7 +154,12 @@ class Run:
         return last is None or time.monotonic() - last >= s
 
     async def turns(self, sentences: list[Said], n: int) -> int:
-        """Say ``n`` sentences, each after the previous answer finished; returns how many were answered."""
+        """Say ``n`` sentences, each after the previous answer finished; returns how many were answered.
+
+        The echo path is off here unless ``--echo-turns``: voice-to-voice is a figure of the answer, and
+        an answer's echo heard as speech (the server's echo rejection is judged in the barge-in phase)
+        would move the turn's end."""
+        self.peer.mic.echo = self.echo if self.args.echo_turns else None
         answered = 0
         for i in range(n):
             if self.left() <= 0:
@@ -173,7 +180,9 @@ class Run:
         return answered
 
     async def barge_ins(self, sentences: list[Said], n: int, rng: np.random.Generator) -> int:
-        """Speak; 0.5–1.5 s into the answer, speak again over it; repeat. Returns barge-ins made."""
+        """Speak; 0.5–1.5 s into the answer, speak again over it; repeat. Returns barge-ins made.
+        The echo path is on (unless ``--no-echo``): the answer comes back into the microphone meanwhile."""
+        self.peer.mic.echo = self.echo
         made = 0
         s = sentences[0]
         utt = self.peer.say(s.samples, s.text)
@@ -225,23 +234,44 @@ def spoken_form(text: str) -> list[str]:
 
 
 def wer_pair(texts: list[tuple[str, np.ndarray]]) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(edits, words) of Whisper on the received audio and on the same text synthesized offline."""
-    from app.loadtest.festival import synthesize_festival
+    """(edits, words) of Whisper on the received audio and on the same text synthesized offline: the
+    answer's text cut into phrases (``models.tts.PhraseChunker``) and spoken by ``FestivalTTS``
+    (slt_hts) at the middle of the speaking-rate range, as the server speaks it but without the trip."""
     from models.asr import transcribe_words
+    from models.tts import FestivalTTS, PhraseChunker
+    from models.tts.rate import FASTEST_WPM, SLOWEST_WPM
 
+    async def offline(tts: FestivalTTS, text: str) -> np.ndarray:
+        chunker = PhraseChunker()
+        phrases = chunker.feed(text) + chunker.flush()
+        parts = []
+        for ph in phrases:
+            spoken = await tts.synthesize(ph, (SLOWEST_WPM + FASTEST_WPM) / 2)
+            pcm = np.asarray(spoken.audio, np.float32)
+            if spoken.sample_rate != SAMPLE_RATE:
+                from alignment.espeak import resample
+
+                pcm = resample(pcm, spoken.sample_rate, SAMPLE_RATE)
+            parts += [pcm, np.zeros(SAMPLE_RATE // 10, np.float32)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    async def all_offline() -> list[np.ndarray]:
+        tts = FestivalTTS(processes=1)
+        try:
+            return [await offline(tts, text) for text, _ in texts]
+        finally:
+            await tts.aclose()
+
+    synthesized = asyncio.run(all_offline())
     rx, off = [0, 0], [0, 0]
-    for text, audio in texts:
+    for (text, audio), offline_audio in zip(texts, synthesized, strict=True):
         ref = spoken_form(text)
-        if not ref or audio.size < SAMPLE_RATE // 4:
+        if not ref or audio.size < SAMPLE_RATE // 4 or offline_audio.size < SAMPLE_RATE // 4:
             continue
-        got = [w.text for w in transcribe_words(audio)]
-        e, n = ans.wer(ref, got)
-        rx[0] += e
-        rx[1] += n
-        offline = synthesize_festival(" ".join(ref), ANSWER_VOICE).samples
-        e, n = ans.wer(ref, [w.text for w in transcribe_words(offline)])
-        off[0] += e
-        off[1] += n
+        for acc, x in ((rx, audio), (off, offline_audio)):
+            e, n = ans.wer(ref, [w.text for w in transcribe_words(x)])
+            acc[0] += e
+            acc[1] += n
     return (rx[0], rx[1]), (off[0], off[1])
 
 
@@ -323,7 +353,8 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     heard_echo = echo_tokens(peer.events, said)
     warnings = [e.message for e in peer.events if e.type == "warning"]
     print(f"\nbuilt-in responder, 1 session, echo path {'off' if args.no_echo else 'on'} "
-          f"(room taps {ans.RoomResponse.seeded(args.seed).taps if not args.no_echo else '-'}); "
+          f"({'turns and barge-ins' if args.echo_turns else 'barge-in phase'}) "
+          f"(room taps ms:gain {_taps(args)}); "
           f"load average {[round(x, 2) for x in os.getloadavg()]}")
     orphans = sum(f.get("utterance") is None for f in figs)
     print(f"  answers {len(figs)} ({len(audible)} audible; {orphans} answering nothing the peer said, e.g. its "
@@ -379,6 +410,12 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     return 0 if ok else 1
 
 
+def _taps(args: argparse.Namespace) -> str:
+    if args.no_echo:
+        return "-"
+    return " ".join(f"{d * 1000:.0f}:{g:.2f}" for d, g in ans.RoomResponse.seeded(args.seed).taps)
+
+
 def _texts(peer: Any) -> list[dict[str, Any]]:
     return [{"text": r.text} for r in answers_of(peer.events) if r.reason == "done" and r.text]
 
@@ -406,6 +443,7 @@ def main() -> int:
     ap.add_argument("--llm-turns", type=int, default=10, help="turns with the 80 ms-TTFT stand-in LLM (0: skip)")
     ap.add_argument("--wer-answers", type=int, default=20, help="finished answers transcribed for the WER check")
     ap.add_argument("--no-echo", action="store_true", help="no echo path into the peer's microphone")
+    ap.add_argument("--echo-turns", action="store_true", help="the echo path on in the voice-to-voice turns too")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-minutes", type=float, default=15.0, help="stop the live part after this long")
     ap.add_argument("--server-arg", action="append", default=[], help="extra `synchrony serve` argument")
