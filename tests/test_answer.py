@@ -213,3 +213,50 @@ async def test_tts_failing_gives_one_warning_and_text_answers(live_stages, voice
         await peer.close()
     if standin is not None:
         await standin.stop()
+
+
+async def test_a_new_turn_cuts_the_answer_at_what_was_spoken(live_stages, voice, av_clip):  # noqa: F811
+    """The user speaks again while the answer plays (the clip loops): the answer stops, response_end
+    says barge_in with a prefix of it ending on a word whose audio was sent, and the next answer's
+    history holds only that prefix."""
+    app = create_app(ServerConfig(ui=False, tts="festival"), stages=_speaking_stages(live_stages, voice))
+    async with running_server(app) as base:
+        peer = AnswerPeer(f"{base}/whip", av_clip, loop=True)
+        await peer.connect()
+        cut = await peer.wait_for("response_end", lambda m: m["reason"] == "barge_in", timeout=120)
+        words = [m for m in peer.of_type("answer_word") if m["answer"] == cut["answer"]]
+        spoken = [w["text"] for w in words][:cut["words"]]
+        assert cut["text"] == " ".join(spoken) and cut["words"] < len(words) + 1
+        if cut["words"]:
+            assert cut["last_word"] == spoken[-1]
+            assert cut["spoken_until"] == pytest.approx(words[cut["words"] - 1]["end"], abs=1e-3)
+        later = [m for m in peer.of_type("response") if m["utterance"] == cut["answer"]]
+        session = app.state.sessions[peer.session_id]
+        await peer.wait_for("answer_start", lambda m: m["answer"] > cut["answer"], timeout=60)
+        assert session.responses.history[-1][1] == cut["text"] or len(session.responses.history) > 1
+        assert [h for h in session.responses.history if h[1] == cut["text"]]
+        print(f"cut after {cut['words']} words ({cut['text']!r}); {len(later)} response tokens shown")
+        await peer.close()
+
+
+async def test_barge_in_detector_stops_the_answer(live_stages, voice, av_clip):  # noqa: F811
+    """With the barge-in detector (models.bargein): the user's speech over the answer stops it at
+    its onset, counted in /metrics; the answer's own audio never reaches the ASR as user words."""
+    pytest.importorskip("models.bargein")
+    import httpx
+    from models.bargein import BargeInDetector
+
+    stages = _speaking_stages(live_stages, voice, make_bargein=BargeInDetector)
+    app = create_app(ServerConfig(ui=False, tts="festival"), stages=stages)
+    async with running_server(app) as base:
+        peer = AnswerPeer(f"{base}/whip", av_clip, loop=True)
+        await peer.connect()
+        cut = await peer.wait_for("response_end", lambda m: m["reason"] == "barge_in", timeout=120)
+        period = len(av_clip.audio) / 16000
+        onsets = [n * period + av_clip.words[0].start for n in range(1, 20)]
+        until = cut["spoken_until"] or 0.0
+        print(f"barge-in: spoken until {until:.3f}; user onsets {[round(o, 2) for o in onsets[:4]]}")
+        assert any(0.0 <= until - o <= 0.6 for o in onsets) or cut["words"] == 0
+        metrics = (await httpx.AsyncClient().get(f"{base}/metrics")).text
+        assert "synchrony_barge_ins_total 1.0" in metrics or "synchrony_barge_ins_total 2.0" in metrics
+        await peer.close()

@@ -165,3 +165,40 @@ def test_unknown_responder_and_bad_url():
         make_responder("gpt-telepathy")
     with pytest.raises(ValueError, match="http"):
         OpenAIResponder(base_url="127.0.0.1:8000")
+
+
+async def test_openai_sends_earlier_turns_with_only_what_was_spoken(fake_openai):
+    from models.responders import Conversation
+
+    srv = await fake_openai()
+    history = (("what is the plan", "We meet at noon and"), ("sorry, go on", ""))
+    responder = OpenAIResponder(base_url=srv.base_url, model="tiny")
+    [t async for t in responder.tokens("and after that?", POLICY, context=Conversation(history))]
+    messages = srv.requests[-1]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "user"]
+    assert messages[2]["content"] == "We meet at noon and" and messages[-1]["content"] == "and after that?"
+
+
+async def test_assistant_answers_simple_intents_and_never_just_echoes():
+    import datetime
+
+    from alignment.types import LoadEstimate
+    from models.responders import AssistantResponder, Conversation
+
+    class Noon(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime(2026, 1, 2, 12, 5, tzinfo=tz)
+
+    r = AssistantResponder(now=Noon)
+    busy = Conversation((("hello", "Hello! I can hear and see you."),),
+                        LoadEstimate(1.0, 2, (0.0, 0.1, 0.8, 0.1), TokenRatePolicy(4.0, 24, 0.3)))
+    assert r.answer("hi there").startswith("Hello")
+    assert "face" in r.answer("what can you do")
+    assert r.answer("what time is it") == "It is 12:05 UTC."
+    assert r.answer("thanks a lot") == "You are welcome."
+    assert r.answer("can you repeat that", busy) == "I said: Hello! I can hear and see you."
+    heard = r.answer("the report is due before noon", busy)
+    assert "the report is due before noon" in heard and "busy" in heard and heard != "the report is due before noon"
+    toks = [t async for t in r.tokens("the report is due before noon", TokenRatePolicy(8.0, 5, 0.5), busy)]
+    assert len(toks) == 5 and r.word_tokens

@@ -202,6 +202,13 @@ def _warm_voice(config: ServerConfig, state: WarmState) -> None:
         state.timed("tts", "first_answer",
                     lambda: pool.submit(asyncio.run, speak_once(voice, "Hello there. I am ready.")).result())
     state.stages.voice = voice
+    try:  # the user's speech over an answer stops it; its echo in the mic is removed first
+        from models.bargein import BargeInDetector
+
+        state.timed("barge-in", "load", BargeInDetector)
+        state.stages.make_bargein = BargeInDetector
+    except ImportError as exc:
+        state.stages.missing["barge-in"] = f"module not available: {exc}"
 
 
 def _warm_lst(state: WarmState) -> None:
