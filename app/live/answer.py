@@ -65,6 +65,9 @@ KEEP_FRAMES = 160
 TTS_RETRY_S = 30.0
 #: The avatar waits up to this many 5 ms steps for the audio frame that covers its frame's time.
 AUDIO_WAIT_STEPS = 8
+#: At rest (no answer playing) the avatar sends every IDLE_EVERY-th frame of its 16 fps grid (the
+#: same face each time); it checks every frame, so an answer's first mouth is on time.
+IDLE_EVERY = 4
 #: More behind real time than this and the tracks skip ahead instead of catching up.
 MAX_BEHIND_S = 0.2
 
@@ -597,6 +600,7 @@ class AvatarTrack(MediaStreamTrack):
         self.player = player
         self._pace = _Paced(player.clock, 1.0 / AVATAR_FPS, skip=True)
         self._idle: av.VideoFrame | None = None
+        self._resting = False
         self.sent = 0
         self.drawn = 0  # frames drawn with a speaking mouth
 
@@ -604,6 +608,8 @@ class AvatarTrack(MediaStreamTrack):
         from app.live.output import _RENDER_POOL, to_yuv420p
 
         t = await self._pace.next(self)
+        while self._resting and not self.player.answering and round(t * AVATAR_FPS) % IDLE_EVERY:
+            t = await self._pace.next(self)  # at rest: the idle face at 1/IDLE_EVERY of the rate
         # The mouth at t follows the audio handed on up to t: the audio frame that covers t is due
         # at the same instant, so wait for it (a few ms) rather than draw a mouth that is not yet heard.
         for _ in range(AUDIO_WAIT_STEPS):
@@ -624,6 +630,7 @@ class AvatarTrack(MediaStreamTrack):
             frame = to_yuv420p(image)
             self.drawn += 1
         self.player.drawn(t, mouth)
+        self._resting = mouth is None
         frame.pts = int(round(t * VIDEO_CLOCK))
         frame.time_base = Fraction(1, VIDEO_CLOCK)
         self.sent += 1
