@@ -5,7 +5,9 @@ aligner could have been built from) is sent twice:
 
 * by ``app.loadtest.peer.WhipPeer`` (aiortc), once: final-word onsets vs the clip's exact word onsets;
 * by headless Chromium playing the clip as its fake camera and microphone into the Gradio page
-  (which asks for no echo cancellation, noise suppression or gain control): the fake devices
+  (which asks for no noise suppression or gain control, and for echo cancellation exactly when the
+  server speaks its answers: ``--echo-cancellation`` runs the server with ``tts="festival"``, so the
+  page keeps the canceller on and plays the spoken answers while the words are timed): the fake devices
   start before the call and loop the clip, so the page's session clock is the clip's plus an
   unknown constant ``c``; ``c`` is estimated as the median (token start - true onset) over the
   first pass, and the spread around it is what the page adds.
@@ -14,7 +16,7 @@ Prints, per path, mean |error| and the share within ±40 ms (the browser's after
 how many final words share a start time with another, and PASS/FAIL: the browser path within
 5 points (share) and 10 ms (mean) of the aiortc path, and no shared start times.
 
-    .venv/bin/python bench/browser_timing.py [--voice festival:slt_hts]
+    .venv/bin/python bench/browser_timing.py [--voice festival:slt_hts] [--echo-cancellation]
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ def _free_port() -> int:
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--voice", default="festival:slt_hts", help="espeak-ng voice, or festival:<voice>")
+    ap.add_argument("--echo-cancellation", action="store_true", help="the server speaks its answers, so the "
+                    "page opens the microphone with the browser's echo cancellation on")
     args = ap.parse_args()
     if not Path(CHROMIUM).exists():
         print("chromium is not installed (make system)")
@@ -127,8 +131,9 @@ async def main() -> int:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     # The ASR lanes in processes, as `synchrony serve` runs them.
+    tts = "festival" if args.echo_cancellation else "off"
     code = (f"from app.live.server import ServerConfig, serve; "
-            f"serve('127.0.0.1', {port}, ServerConfig(asr_processes=True))")
+            f"serve('127.0.0.1', {port}, ServerConfig(asr_processes=True, tts={tts!r}))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -141,7 +146,9 @@ async def main() -> int:
         proc.wait(10)
     e_peer = onset_errors_ms(clip, peer)
     c, e_page = first_pass(clip, page)
-    print(f"$ python bench/browser_timing.py --voice {args.voice}")
+    print(f"$ python bench/browser_timing.py --voice {args.voice}"
+          + (" --echo-cancellation" if args.echo_cancellation else "")
+          + f"  (page echo cancellation {'on, answers spoken' if args.echo_cancellation else 'off'})")
     print(f"load average {os.getloadavg()[0]:.1f}; clip {clip.duration:.1f} s, {len(clip.words)} words")
     rows = {"aiortc peer": (e_peer, shared_starts(peer)), "browser page": (e_page, shared_starts(page))}
     for name, (e, shared) in rows.items():

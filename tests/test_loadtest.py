@@ -153,7 +153,7 @@ def test_live_run_two_peers_flags_the_injected_offset(tmp_path):
     out = tmp_path / "lt"
     code = cli.main(["--spawn-server", "--peers", "2", "--offset-ms", "150", "--offset-peers", "1",
                           "--duration", "10", "--max-duration", "40", "--min-sync-checks", "3",
-                          "--stagger", "0.3", "--out", str(out)])
+                          "--stagger", "0.3", "--decode-answer", "--out", str(out)])
     report = json.loads((out / "report.json").read_text())
     html = (out / "report.html").read_text()
     # Self-contained: inline SVG, nothing fetched (no scripts, stylesheets, or remote src/href).
@@ -191,6 +191,14 @@ def test_live_run_two_peers_flags_the_injected_offset(tmp_path):
     lst = rnd["aggregate"]["lst"]
     assert lst["responses"] == sum(len(p["lst_ttft_ms"]) for p in (clean, late)) > 0
     assert lst["ttft_ms_p99"] is not None and lst["tier"] in ("gold", "silver", "bronze", "none")
+    # The spoken answers came back and were measured at the peers (--decode-answer), from the clip's truth.
+    for p in (clean, late):
+        a = p["answer"]
+        assert a["decoded"] and a["starts"] > 0 and a["audio_packets"] > 0, a
+        assert a["voice_to_voice_ms"] and all(0 < x < 10_000 for x in a["voice_to_voice_ms"]), a
+    pooled = rnd["aggregate"]["answer"]
+    assert pooled["answers"] >= 2 and pooled["voice_to_voice_ms_p50"] is not None
+    assert "spoken answers:" in loadreport.text_summary(report)
 
 
 def test_steady_cpu_is_the_mean_over_the_samples_with_every_session_live():

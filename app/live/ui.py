@@ -4,9 +4,15 @@ Why not fastrtc: fastrtc (0.0.34) pins ``gradio < 6`` and brings its own signali
 and one signaling path for every client (browser, aiortc peers, load tester). So the page is a Gradio
 ``Blocks`` whose live panel is plain HTML driven by ``app/live/static/synchrony.js`` (injected through the
 page ``head``): it opens the camera and microphone, posts a WHIP offer with an ``events``
-DataChannel, plays the returned video, and draws the events (transcript with per-word times, AU bars,
-load level and token rate, Level-3 status, LST figures). Gradio itself shows the server's readiness
-and cold-start figures.
+DataChannel and the avatar's extra recvonly video m-line (wire v2), plays the returned video and, beside
+it, the spoken answer (its audio and avatar as one stream, so the browser lip-syncs them), and draws the
+events (transcript with per-word times, AU bars, load level and token rate, Level-3 status, LST figures,
+the answer's words lit as they are spoken, why it ended, warnings). Gradio itself shows the server's
+readiness and cold-start figures.
+
+When the server speaks its answers the page opens the microphone with the browser's echo cancellation on
+(``data-answers``): Chrome cannot turn it on later in a track's life, and without it the answer comes
+back into the microphone.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ if TYPE_CHECKING:
 Readiness = Callable[[], dict[str, object]]
 
 _PANEL = """
-<div id="sy-app" data-auth="{auth}">
+<div id="sy-app" data-auth="{auth}" data-answers="{answers}">
   <div class="sy-bar">
     <button id="sy-start" class="sy-btn">Start camera &amp; microphone</button>
     <button id="sy-stop" class="sy-btn sy-secondary" disabled>Stop</button>
@@ -38,8 +44,16 @@ _PANEL = """
     <figure><video id="sy-local" autoplay playsinline muted></video><figcaption>your camera</figcaption></figure>
     <figure><video id="sy-remote" autoplay playsinline muted></video>
       <figcaption>returned 16 fps video (captions on their frames)</figcaption></figure>
+    <figure id="sy-answer-fig" class="sy-audio-only"><video id="sy-answer" autoplay playsinline></video>
+      <figcaption>the answer, spoken (voice + avatar, lip-synced)</figcaption></figure>
   </div>
   <div class="sy-grid">
+    <section class="sy-card sy-wide sy-answer-card"><h3>Spoken answer <small id="sy-answer-voice">–</small></h3>
+      <div id="sy-answer-text" class="sy-answer-text"><span class="sy-empty">the answer's words light up as
+        they are spoken</span></div>
+      <div id="sy-answer-state" class="sy-note">no answer yet</div>
+      <div id="sy-warnings" class="sy-warnings"></div>
+    </section>
     <section class="sy-card sy-wide"><h3>Transcript <small>word · start–end (s, session clock)</small></h3>
       <div id="sy-transcript" class="sy-transcript"><span class="sy-empty">speak, and the words appear here</span></div>
     </section>
@@ -60,18 +74,25 @@ _PANEL = """
 """
 
 
+def speaks_answers(config: ServerConfig) -> bool:
+    """Whether sessions of this server speak their answers (then the page keeps echo cancellation on)."""
+    return config.tts != "off"
+
+
 def build_ui(config: ServerConfig, ready: Readiness | None = None) -> gr.Blocks:
     """The Gradio ``Blocks`` of the page; ``ready()`` returns the server's readiness dict."""
     import gradio as gr
 
     auth = "1" if config.auth_token else "0"
+    answers = "1" if speaks_answers(config) else "0"
     with gr.Blocks(title="synchrony — live alignment") as demo:
         gr.Markdown(
             "## synchrony · live\n"
             "Camera → face action units → load controller; microphone → streaming Whisper → words on "
-            "16 fps output frames (±40 ms); Level-3 audio/video/text sync within 50 ms."
+            "16 fps output frames (±40 ms); Level-3 audio/video/text sync within 50 ms; the answer is spoken "
+            "back with an avatar, its words lit as they play; speak over it to interrupt."
         )
-        gr.HTML(_PANEL.format(auth=auth), elem_id="sy-panel", js_on_load=None)
+        gr.HTML(_PANEL.format(auth=auth, answers=answers), elem_id="sy-panel", js_on_load=None)
         with gr.Accordion("Server readiness and cold start", open=False):
             status = gr.JSON(label="/readyz")
         if ready is not None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from app.loadtest.config import (
     DEFAULT_TEXT,
+    DEFAULT_VOICE,
     EXIT_BOUND,
     EXIT_OK,
     EXIT_SERVER,
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "worker (default); --no-pre-encode encodes every frame per peer, as a real client does")
     p.add_argument("--decode-video", action="store_true", help="decode the returned video and time the sync "
                    "markers' flashes in it (flash_lag_ms); by default its frames are counted from RTP packets")
+    p.add_argument("--decode-answer", action="store_true", help="decode the spoken answer's audio and avatar "
+                   "and measure them per answer: voice-to-voice, barge-in stop, lip-sync (by default its packets "
+                   "are only counted)")
+    p.add_argument("--no-answer-video", dest="answer_video", action="store_false", help="do not offer the "
+                   "avatar's video m-line (the answer comes back as audio and text only)")
+    p.add_argument("--voice", default=DEFAULT_VOICE, help="the peers' voice: festival:<voice> or an espeak-ng "
+                   "voice (default %(default)s; answers speak festival slt_hts)")
     p.add_argument("--allow-refusals", action="store_true", help="peers the server refuses with 503 + "
                    "Retry-After (full) do not fail a round; the bounds hold over the admitted ones")
     p.add_argument("--require-lst", choices=("bronze", "silver", "gold"), default=None,
@@ -159,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                           seed=args.seed, token=args.token, max_duration_s=args.max_duration,
                           min_sync_checks=args.min_sync_checks, pre_encode=args.pre_encode,
                           decode_video=args.decode_video, allow_refusals=args.allow_refusals,
-                          min_recall=args.min_recall, require_lst=args.require_lst)
+                          min_recall=args.min_recall, require_lst=args.require_lst, voice=args.voice,
+                          answer_video=args.answer_video, decode_answer=args.decode_answer)
         report = run_plan(args, cfg, pid, server)
     finally:
         if server is not None:

@@ -15,6 +15,9 @@ MAX_ROUNDS = 16
 EXIT_OK, EXIT_BOUND, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
 
 DEFAULT_TEXT = "please call me back when you have a moment"  # tiny.en hears espeak say this right
+#: The peers' voice: festival's kal_diphone, not the answers' voice (slt_hts), so a peer's own speech and
+#: the answer's echo of it can be told apart by ear and by the server's ASR alike.
+DEFAULT_VOICE = "festival:kal_diphone"
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class RoundConfig:
     min_recall: float = RECALL_BOUND
     require_lst: str | None = None  # also require this LST tier (alignment.lst) of the round's responses
     tail_s: float = 3.0  # words ending in the last tail_s are not scored: their tokens may still be on the way
+    voice: str = DEFAULT_VOICE  # an espeak-ng voice, or festival:<voice> (app.loadtest.testmedia.speak)
+    answer_video: bool = True  # offer the avatar's recvonly video m-line (wire v2)
+    decode_answer: bool = False  # decode and measure the spoken answer (False: count its packets)
 
 
 def plan_peers(n: int, workers: int, stagger_s: float, offsets: dict[int, float], netem: str,

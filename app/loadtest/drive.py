@@ -80,6 +80,8 @@ def _make_peer_class() -> type:
 
         def __init__(self, *args: Any, vp8_packets: list[bytes] | None = None,
                      opus_packets: list[bytes] | None = None, decode_video: bool = False, **kwargs: Any) -> None:
+            kwargs.setdefault("answer_video", True)
+            kwargs.setdefault("decode_answer", False)  # count the answer's packets; decode when asked
             self._vp8, self._opus = vp8_packets, opus_packets  # read by the track factories below
             self._encoded = _make_encoded_track_class()
             super().__init__(*args, **kwargs)
@@ -101,7 +103,11 @@ def _make_peer_class() -> type:
             return self._encoded("video", self._vp8, fps, 90_000, self._start)
 
         def _on_track(self, track: Any) -> None:
-            receiver = next((t.receiver for t in self.pc.getTransceivers() if t.receiver.track is track), None)
+            transceiver = self._receiver_of(track)
+            if track.kind == "audio" or (transceiver is not None and transceiver is self._avatar_transceiver):
+                super()._on_track(track)  # the answer: counted, or decoded and measured (decode_answer)
+                return
+            receiver = None if transceiver is None else transceiver.receiver
             if track.kind == "video" and not self.decode_video and receiver is not None:
                 receiver._handle_rtp_packet = self._count_rtp  # looked up per instance: nothing decoded
                 return
@@ -147,7 +153,7 @@ async def run_peer(spec: PeerSpec, cfg: RoundConfig, clip: Any, truth: lm.ClipTr
     await asyncio.sleep(spec.start_s)
     cls = _make_peer_class()
     peer = cls(cfg.url, clip, token=cfg.token, loop=True, vp8_packets=vp8_packets, opus_packets=opus_packets,
-               decode_video=cfg.decode_video)
+               decode_video=cfg.decode_video, answer_video=cfg.answer_video, decode_answer=cfg.decode_answer)
     profile = parse_profile(spec.netem)
     link = None
     if not profile.is_clean:
@@ -255,7 +261,30 @@ def peer_figures(peer: Any, truth: lm.ClipTruth, t0: float, t_end: float, cfg: R
         "flashes_seen": len(peer.flash_walls),
         "flash_lag_ms": [round(x * 1000, 1) for x in lags],
         "flash_lag_ms_p50": None if not lags else round(float(np.median(lags)) * 1000, 1),
+        "answer": answer_summary(peer, truth, t0, until),
     }
+
+
+def answer_summary(peer: Any, truth: lm.ClipTruth, t0: float, until: float) -> dict[str, Any]:
+    """The spoken answers as this peer received them: packets counted always; voice-to-voice, barge-in
+    and lip-sync per answer when it decoded them (``decode_answer``). Each loop of the clip is one
+    utterance; the next loop's first word, when it starts while an answer plays, is a barge-in."""
+    from app.loadtest.voicepeer import Utterance, answer_figures
+
+    listener = peer.answer
+    out: dict[str, Any] = {"decoded": listener.decode, "audio_packets": listener.audio_packets,
+                           "audio_bytes": listener.audio_bytes, "avatar_frames": listener.avatar_frames,
+                           "starts": sum(e.type == "answer_start" for e in peer.events)}
+    if not listener.decode or not truth.words or truth.period_s <= 0:
+        return out
+    onset = truth.speech_onset if truth.speech_onset is not None else truth.words[0].start
+    said = [Utterance(" ".join(w.text for w in truth.words), r * truth.period_s + onset,
+                      r * truth.period_s + truth.utterance_end) for r in range(int(until // truth.period_s) + 1)]
+    per = [f for f in answer_figures(listener, peer.events, said, t0)]
+    out.update(lm.answer_stats(per))
+    out["per_answer"] = [[f.get("reason"), f.get("voice_to_voice_ms"), f.get("stop_ms"), f.get("lip_sync_ms"),
+                       f.get("false_interruption")] for f in per[:500]]
+    return out
 
 
 def worker_main(worker: int, specs: list[PeerSpec], cfg: RoundConfig, out: Any) -> None:
@@ -283,7 +312,8 @@ async def _run_peers(specs: list[PeerSpec], cfg: RoundConfig, setup_cpu: list[fl
     loop = asyncio.get_running_loop()
     clips: dict[float, tuple[Any, lm.ClipTruth, list[bytes] | None, list[bytes] | None]] = {}
     for offset in sorted({s.offset_ms for s in specs}):
-        clip = await loop.run_in_executor(None, make_loop_clip, cfg.text, offset, cfg.video_size, cfg.fps)
+        clip = await loop.run_in_executor(None, make_loop_clip, cfg.text, offset, cfg.video_size, cfg.fps,
+                                          cfg.voice)
         vp8 = opus = None
         if cfg.pre_encode:
             vp8 = await loop.run_in_executor(None, encode_vp8_loop, clip.frames, cfg.fps)

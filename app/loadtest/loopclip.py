@@ -13,8 +13,11 @@ from typing import Any
 import numpy as np
 
 
-def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: float) -> Any:
+def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: float, voice: str | None = None) -> Any:
     """A talking-face clip with sync markers whose audio and video loop seamlessly.
+
+    ``voice``: an espeak-ng voice or ``festival:<voice>``; by default the load test's
+    (``app.loadtest.config.DEFAULT_VOICE``, festival's kal_diphone: not the answers' voice).
 
     Its duration is a whole number of video frames and of 20 ms audio frames, so looping it never
     drifts audio against video. Markers: one in the lead-in, one in the tail, each at the start of
@@ -22,15 +25,17 @@ def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: floa
     """
     from alignment.types import SAMPLE_RATE
     from app.loadtest import testmedia
+    from app.loadtest.config import DEFAULT_VOICE
 
     step = int(SAMPLE_RATE / fps)  # samples per video frame (640 at 25 fps: also 2 × 20 ms)
-    speech = testmedia.synthesize_speech(text, lead_in_s=0.6)
+    speech = testmedia.speak(text, voice or DEFAULT_VOICE, lead_in_s=0.6)
+    speech = _gate_pauses(speech)
     total = int(np.ceil((len(speech.samples) + 0.6 * SAMPLE_RATE) / step) * step)
     tail_s = (total - len(speech.samples) + 0.5) / SAMPLE_RATE
     half = 0.5 / fps
     markers = (round(6 / fps - half, 6), round((total - 8 * step) / SAMPLE_RATE - half, 6))  # 0.22 s, end − 0.34 s
     clip = testmedia.make_av_clip(text, fps=fps, size=size, lead_in_s=0.6, tail_s=tail_s, markers=markers,
-                                  av_offset_s=offset_ms / 1000.0)
+                                  av_offset_s=offset_ms / 1000.0, speech=speech)
     audio = clip.audio[:total]
     if len(audio) < total:
         audio = np.concatenate([audio, np.zeros(total - len(audio), np.float32)])
@@ -39,6 +44,26 @@ def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: floa
     while len(frames) < n_frames:
         frames.append(frames[-1])
     return replace(clip, audio=audio, frames=frames)
+
+
+def _gate_pauses(speech: Any) -> Any:
+    """The speech with the synthesizer's leading and trailing pause set to digital silence.
+
+    festival's pauses hiss at about -60 dBFS; after the clip's digitally silent lead-in that step reads
+    as the utterance's acoustic onset (``alignment.onsets``) 200+ ms before its first word's sound, and
+    every loop's first word would fail its Level-3 onset check. espeak-ng's pauses are silent already.
+    """
+    from alignment.types import SAMPLE_RATE
+    from app.loadtest.answers import speech_span
+
+    x = np.array(speech.samples, np.float32)
+    span = speech_span(x, SAMPLE_RATE)
+    if span is None:
+        return speech
+    margin = SAMPLE_RATE // 100
+    x[: max(span[0] - margin, 0)] = 0.0
+    x[span[1] + margin :] = 0.0
+    return replace(speech, samples=x)
 
 
 def encode_vp8_loop(frames: list[np.ndarray], fps: float, bitrate: int = 800_000, gop: int = 25) -> list[Any]:

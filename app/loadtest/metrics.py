@@ -43,6 +43,7 @@ class ClipTruth:
     markers: tuple[float, ...]  # audio click times (the flashes are at marker + av_offset_s)
     period_s: float
     av_offset_s: float
+    speech_onset: float | None = None  # where the utterance's sound starts (a first stop's closure is silent)
 
     @property
     def utterance_end(self) -> float:
@@ -75,11 +76,17 @@ def clip_truth(clip: Any) -> ClipTruth:
         i = int(round(m * SAMPLE_RATE))
         speech[max(i - 16, 0) : i + int(0.012 * SAMPLE_RATE)] = 0.0
     ends = word_ends(speech, starts)
+    # A word lasts at least 50 ms, but never into the next one (festival says "a" in ~35 ms).
+    nexts = [*starts[1:], float("inf")]
     words = tuple(
-        TruthWord(normalise(w.text), float(w.start), float(max(e, w.start + 0.05)))
-        for w, e in zip(clip.words, ends, strict=True)
+        TruthWord(normalise(w.text), float(w.start), float(min(max(e, w.start + 0.05), nxt)))
+        for w, e, nxt in zip(clip.words, ends, nexts, strict=True)
     )
-    return ClipTruth(words, tuple(clip.markers), len(audio) / SAMPLE_RATE, float(clip.av_offset_s))
+    from app.loadtest.answers import speech_span
+
+    span = speech_span(speech, SAMPLE_RATE)
+    return ClipTruth(words, tuple(clip.markers), len(audio) / SAMPLE_RATE, float(clip.av_offset_s),
+                     None if span is None else span[0] / SAMPLE_RATE)
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
@@ -341,4 +348,28 @@ def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> 
         "latency_ms_max": to_ms(max(first) if first else None),
         "final_latency_ms_p50": to_ms(quantile(final, 0.5)),
         "final_latency_ms_p95": to_ms(quantile(final, 0.95)),
+    }
+
+
+def answer_stats(per_answer: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Pooled figures over answers measured at a peer (``app.loadtest.voicepeer.answer_figures``)."""
+    v2v = [float(f["voice_to_voice_ms"]) for f in per_answer if isinstance(f.get("voice_to_voice_ms"), (int, float))]
+    stops = [float(f["stop_ms"]) for f in per_answer if isinstance(f.get("stop_ms"), (int, float))]
+    lips = [float(f["lip_sync_ms"]) for f in per_answer if isinstance(f.get("lip_sync_ms"), (int, float))]
+    n = len(per_answer)
+    false = sum(bool(f.get("false_interruption")) for f in per_answer)
+    return {
+        "answers": n,
+        "voice_to_voice_ms": v2v,
+        "voice_to_voice_ms_p50": round_or_none(quantile(v2v, 0.5), 1),
+        "voice_to_voice_ms_p95": round_or_none(quantile(v2v, 0.95), 1),
+        "barge_ins": sum(bool(f.get("barge_in")) for f in per_answer),
+        "stop_ms": stops,
+        "stop_ms_p50": round_or_none(quantile(stops, 0.5), 1),
+        "stop_ms_p99": round_or_none(quantile(stops, 0.99), 1),
+        "false_interruptions": false,
+        "false_interruption_rate": round(false / n, 4) if n else None,
+        "lip_sync_ms": lips,
+        "lip_sync_ms_p50": round_or_none(quantile(lips, 0.5), 1),
+        "lip_sync_abs_ms_p95": round_or_none(quantile([abs(x) for x in lips], 0.95), 1),
     }

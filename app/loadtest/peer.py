@@ -9,7 +9,13 @@ the real WebRTC stack over loopback. The API is deliberately small:
     peer.events                   # [ReceivedEvent(wall, message)] in arrival order
     peer.frames_received          # count of returned video frames; peer.last_frames: a few, as RGB
     peer.sent_video_wall(pts)     # wall time the frame at clip time ``pts`` was handed to the encoder
+    peer.answer                   # AnswerListener: the spoken answer's audio and avatar (voicepeer.py)
     await peer.close()            # DELETE the session, close the peer connection
+
+With ``answer_video=True`` the offer carries the extra recvonly video m-line the server sends the
+avatar on (wire v2); the answer's audio always comes back on the audio m-line. ``decode_answer``
+decodes both and measures them (levels, mouth opening, one clock through the sender reports);
+without it the answer's packets are only counted.
 
 Audio is sent as 20 ms frames at 48 kHz, video at the clip's fps, both paced in real time from one
 shared start instant (``t0_wall``), so clip time t is sent at ``t0_wall + t``. After the clip ends the
@@ -40,7 +46,8 @@ from aiortc.mediastreams import MediaStreamError
 
 from alignment.types import SAMPLE_RATE
 from app.live.ice import is_loopback_url, loopback_candidates
-from app.live.webrtc import patient_consent
+from app.live.webrtc import patient_consent, share_transport
+from app.loadtest.voicepeer import AnswerListener, ScriptedMic, Utterance, answer_figures
 
 AUDIO_RATE = 48_000
 AUDIO_FRAME = 960  # 20 ms at 48 kHz
@@ -187,8 +194,13 @@ class WhipPeer:
         audio: np.ndarray | None = None,
         frames: list[np.ndarray] | None = None,
         fps: float | None = None,
+        answer_video: bool = False,
+        decode_answer: bool = True,
+        echo: Any = None,
     ) -> None:
-        """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``."""
+        """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``.
+
+        ``echo``: an ``app.loadtest.answers.EchoPath`` the listener plays the received answer into."""
         self.url = url
         self.token = token
         audio = clip.audio if clip is not None and audio is None else audio
@@ -198,6 +210,10 @@ class WhipPeer:
         loopback_candidates(is_loopback_url(url))  # media to a loopback server stays on loopback
         patient_consent()  # a loaded server answers consent checks late (see app/live/webrtc.py)
         self.pc = RTCPeerConnection()
+        self.answer_video = answer_video
+        self.echo = echo
+        self.answer = AnswerListener(decode=decode_answer, echo=echo, t0=lambda: self._start.wall)
+        self._avatar_transceiver: Any = None
         self.audio_track = self._audio_track(audio, loop) if audio is not None else None
         self.video_track = self._video_track(frames, float(fps or 25.0), loop) if frames else None
         self.events: list[ReceivedEvent] = []
@@ -232,6 +248,8 @@ class WhipPeer:
                 self.pc.addTransceiver(track, direction="sendrecv")
         if self.video_track is None:
             self.pc.addTransceiver("video", direction="recvonly")
+        if self.answer_video:  # wire v2: the avatar comes back on a video m-line of its own
+            self._avatar_transceiver = self.pc.addTransceiver("video", direction="recvonly")
         await self.pc.setLocalDescription(await self.pc.createOffer())
         headers = {"Content-Type": "application/sdp"}
         if self.token:
@@ -244,6 +262,9 @@ class WhipPeer:
         self.location = str(httpx.URL(self.url).join(resp.headers["Location"]))
         self.session_id = self.location.rstrip("/").rsplit("/", 1)[-1]
         await self.pc.setRemoteDescription(RTCSessionDescription(resp.text, "answer"))
+        if self._avatar_transceiver is not None:  # aiortc leaves a second video m-line off the bundle
+            camera = next(t for t in self.pc.getTransceivers() if t.kind == "video")
+            share_transport(self._avatar_transceiver, camera)
         await asyncio.wait_for(self.channel_open.wait(), timeout)
 
     async def close(self, delete: bool = True) -> int | None:
@@ -261,6 +282,7 @@ class WhipPeer:
                 status = None
         for task in self._tasks:
             task.cancel()
+        await self.answer.aclose()
         await self.pc.close()
         return status
 
@@ -331,7 +353,17 @@ class WhipPeer:
             self.events.append(ReceivedEvent(time.monotonic(), message))
             self._changed.set()
 
+    def _receiver_of(self, track: MediaStreamTrack) -> Any:
+        return next((t for t in self.pc.getTransceivers() if t.receiver.track is track), None)
+
     def _on_track(self, track: MediaStreamTrack) -> None:
+        transceiver = self._receiver_of(track)
+        if track.kind == "audio" and transceiver is not None:
+            self.answer.attach_audio(track, transceiver.receiver)
+            return
+        if track.kind == "video" and transceiver is not None and transceiver is self._avatar_transceiver:
+            self.answer.attach_avatar(track, transceiver.receiver)
+            return
         if track.kind == "video":
             self._tasks.append(asyncio.ensure_future(self._read_video(track)))
         else:
@@ -354,6 +386,52 @@ class WhipPeer:
                 await track.recv()
         except (MediaStreamError, asyncio.CancelledError):
             return
+
+
+class VoicePeer(WhipPeer):
+    """A peer that speaks on cue (``say``) through a :class:`ScriptedMic` and listens to and watches the
+    answers (``answer``); it asks for the avatar. Its camera is ``frames`` looped."""
+
+    def __init__(self, url: str, frames: list[np.ndarray], fps: float = 25.0, decode_camera: bool = True,
+                 **kwargs: Any) -> None:
+        """``decode_camera=False``: the returned camera's frames are counted from RTP, not decoded."""
+        kwargs.setdefault("answer_video", True)
+        super().__init__(url, audio=np.zeros(AUDIO_FRAME, np.float32), frames=frames, fps=fps, loop=True, **kwargs)
+        self.decode_camera = decode_camera
+        self.said: list[Utterance] = []
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        transceiver = self._receiver_of(track)
+        if (track.kind == "video" and not self.decode_camera and transceiver is not None
+                and transceiver is not self._avatar_transceiver):
+            async def count(packet: Any, arrival_time_ms: int) -> None:
+                if packet.marker and packet.payload:
+                    self.frames_received += 1
+
+            transceiver.receiver._handle_rtp_packet = count
+            return
+        super()._on_track(track)
+
+    def _audio_track(self, samples16k: np.ndarray, loop: bool) -> MediaStreamTrack:
+        return ScriptedMic(self._start, self.echo)
+
+    @property
+    def mic(self) -> ScriptedMic:
+        assert isinstance(self.audio_track, ScriptedMic)
+        return self.audio_track
+
+    def say(self, samples16k: np.ndarray, text: str = "", at_s: float | None = None,
+            barge_in: bool = False) -> Utterance:
+        """Schedule an utterance (16 kHz); returns its true onset and end of speech on the peer clock."""
+        utt = self.mic.say(samples16k, text, at_s, barge_in)
+        self.said.append(utt)
+        return utt
+
+    def figures(self) -> list[dict[str, Any]]:
+        """Per-answer figures so far (``app.loadtest.voicepeer.answer_figures``)."""
+        if self.t0_wall is None:
+            raise RuntimeError("the peer has not started sending")
+        return answer_figures(self.answer, self.events, self.said, self.t0_wall)
 
 
 async def _main(argv: list[str] | None = None) -> None:

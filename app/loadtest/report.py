@@ -61,6 +61,17 @@ def text_summary(report: dict[str, Any]) -> str:
             + (f", degradation level by time {a['degradation']}" if a.get("degradation") else "")
             + f": {'PASS' if a['bounds']['ok'] else 'FAIL'}"
         )
+        ans = a.get("answer") or {}
+        if ans.get("answers") is not None:
+            lines.append(
+                f"  spoken answers: {ans['answers']} ({ans['starts']} started), voice-to-voice p50 "
+                f"{ans['voice_to_voice_ms_p50']} ms p95 {ans['voice_to_voice_ms_p95']} ms; barge-ins "
+                f"{ans['barge_ins']}: stop p50 {ans['stop_ms_p50']} ms p99 {ans['stop_ms_p99']} ms; false "
+                f"interruptions {ans['false_interruptions']} ({_pct(ans['false_interruption_rate'])}); lip-sync "
+                f"p50 {ans['lip_sync_ms_p50']} ms, |offset| p95 {ans['lip_sync_abs_ms_p95']} ms")
+        elif ans:
+            lines.append(f"  spoken answers (counted, not decoded): {ans.get('starts')} started, "
+                         f"{ans.get('audio_packets')} audio packets, {ans.get('avatar_frames')} avatar frames")
         for p in rnd["peers"]:
             if p.get("offset_ms"):
                 l3 = p.get("level3") or {}
@@ -214,7 +225,9 @@ def _cell(v: Any) -> str:
 def _peer_table(rnd: dict[str, Any]) -> str:
     cols = ["peer", "worker", "offset ms", "netem", "connected", "words", "recall", "p50 ms", "p95 ms",
             "final p95 ms", "TTFT p50 ms", "jitter σ8 max ms", "L3 checks", "L3 pass", "video−audio ms",
-            "flagged", "evidence", "flash lag ms", "frames back", "fps back", "loss up/down", "error"]
+            "flagged", "evidence", "flash lag ms", "frames back", "fps back", "loss up/down", "answers",
+            "voice→voice p50 ms", "voice→voice p95 ms", "barge-ins", "stop p50 ms", "stop p99 ms",
+            "false interruptions", "lip-sync p50 ms", "|lip-sync| p95 ms", "answer packets", "error"]
     rows = []
     for p in rnd["peers"]:
         lat, l3, resp = p.get("latency") or {}, p.get("level3") or {}, p.get("responses") or {}
@@ -225,16 +238,25 @@ def _peer_table(rnd: dict[str, Any]) -> str:
                 lat.get("final_latency_ms_p95"), resp.get("ttft_ms_p50"), resp.get("jitter_ms_max"),
                 l3.get("checks"), l3.get("pass_rate"), l3.get("video_minus_audio_ms_p50"), l3.get("flagged"),
                 ", ".join(f"{k}:{v}" for k, v in (l3.get("evidence") or {}).items()) or None,
-                p.get("flash_lag_ms_p50"), p.get("frames_received"), p.get("video_fps"), loss, p.get("error")]
+                p.get("flash_lag_ms_p50"), p.get("frames_received"), p.get("video_fps"), loss,
+                *_answer_cells(p.get("answer") or {}), p.get("error")]
         rows.append("<tr>" + "".join(_cell(v) for v in vals) + "</tr>")
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
+def _answer_cells(a: dict[str, Any]) -> list[Any]:
+    return [a.get("answers", a.get("starts")), a.get("voice_to_voice_ms_p50"), a.get("voice_to_voice_ms_p95"),
+            a.get("barge_ins"), a.get("stop_ms_p50"), a.get("stop_ms_p99"), a.get("false_interruptions"),
+            a.get("lip_sync_ms_p50"), a.get("lip_sync_abs_ms_p95"), a.get("audio_packets")]
+
+
 def _aggregate_table(rnd: dict[str, Any]) -> str:
     a = rnd["aggregate"]
     rows = "".join(f"<tr><th class=l>{html.escape(k)}</th>{_cell(v)}</tr>" for k, v in a.items()
-                   if k not in ("bounds", "latency_by_window"))
+                   if k not in ("bounds", "latency_by_window", "answer"))
+    rows += "".join(f"<tr><th class=l>answer: {html.escape(k)}</th>{_cell(v)}</tr>"
+                    for k, v in (a.get("answer") or {}).items())
     windows = a.get("latency_by_window") or []
     if windows:
         cells = ", ".join(f"{w[0]:.0f} s: {w[2]}/{w[3]} ms (n={w[1]})" for w in windows)

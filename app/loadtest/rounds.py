@@ -76,8 +76,39 @@ def run_round(specs: list[PeerSpec], cfg: RoundConfig, server_pid: int | None) -
     agg["client_cpu_per_peer"] = client_cpu_per_peer(results, worker_cpu, setup_cpu)
     agg["degradation"] = sampler.degradation  # [t, level] at each change of the server's degradation level
     agg["cpu_all_live"] = steady_cpu(cpu, sampler.sessions, agg["connected"])
+    agg["answer"] = pooled_answers(results)
     return {"peers": results, "aggregate": agg, "cpu": cpu, "sessions": sampler.sessions, "errors": errors,
             "wall_s": round(wall, 1), "worker_cpu_s": worker_cpu, "worker_setup_cpu_s": setup_cpu}
+
+
+def pooled_answers(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round's spoken-answer figures over every peer that decoded its answers; counts otherwise."""
+    from alignment.rounding import round_or_none
+    from app.loadtest.metrics import quantile
+
+    answers = [p.get("answer") or {} for p in results if p.get("connected")]
+    out: dict[str, Any] = {"starts": sum(a.get("starts", 0) for a in answers),
+                           "audio_packets": sum(a.get("audio_packets", 0) for a in answers),
+                           "avatar_frames": sum(a.get("avatar_frames", 0) for a in answers)}
+    decoded = [a for a in answers if a.get("decoded")]
+    if not decoded:
+        return out
+    pool = {k: [x for a in decoded for x in a.get(k, [])] for k in ("voice_to_voice_ms", "stop_ms", "lip_sync_ms")}
+    n = sum(a.get("answers", 0) for a in decoded)
+    false = sum(a.get("false_interruptions", 0) for a in decoded)
+    out.update({
+        "answers": n,
+        "voice_to_voice_ms_p50": round_or_none(quantile(pool["voice_to_voice_ms"], 0.5), 1),
+        "voice_to_voice_ms_p95": round_or_none(quantile(pool["voice_to_voice_ms"], 0.95), 1),
+        "barge_ins": sum(a.get("barge_ins", 0) for a in decoded),
+        "stop_ms_p50": round_or_none(quantile(pool["stop_ms"], 0.5), 1),
+        "stop_ms_p99": round_or_none(quantile(pool["stop_ms"], 0.99), 1),
+        "false_interruptions": false,
+        "false_interruption_rate": round(false / n, 4) if n else None,
+        "lip_sync_ms_p50": round_or_none(quantile(pool["lip_sync_ms"], 0.5), 1),
+        "lip_sync_abs_ms_p95": round_or_none(quantile([abs(x) for x in pool["lip_sync_ms"]], 0.95), 1),
+    })
+    return out
 
 
 def run_plan(args: argparse.Namespace, cfg: RoundConfig, pid: int | None,

@@ -1,11 +1,16 @@
-// synchrony page client: camera + microphone -> WHIP (/whip) -> returned video + `events` DataChannel.
-// Wire contract: docs/WIRE.md. No framework: the Gradio page renders the markup, this script drives it.
+// synchrony page client: camera + microphone -> WHIP (/whip) -> returned video, the spoken answer
+// (audio + avatar, one MediaStream) and the `events` DataChannel.
+// Wire contract: docs/WIRE.md (version 2). No framework: the Gradio page renders the markup, this script drives it.
 (() => {
   "use strict";
   const AU_NAMES = ["AU1", "AU2", "AU4", "AU6", "AU7", "AU9", "AU12", "AU15", "AU17", "AU20", "AU25", "AU26"];
   const LOAD_NAMES = ["low", "moderate", "high", "overload"];
   const $ = (id) => document.getElementById(id);
   let pc = null, local = null, resource = null, words = new Map(), syncPass = 0, syncTotal = 0;
+  // The spoken answer: the avatar's recvonly transceiver, the answer's audio receiver, the answer on screen.
+  let avatarTx = null, answerRx = null, answerStream = null, answer = null, karaokeTimer = null;
+  let jitterDelay = 0.06, lastStats = 0;
+  const warnings = [];
 
   function status(text, cls) {
     const el = $("sy-status");
@@ -44,17 +49,16 @@
     $("sy-start").disabled = true;
     status("opening camera…");
     try {
-      local = await navigator.mediaDevices.getUserMedia({
-        audio: { echoCancellation: false, noiseSuppression: false, autoGainControl: false },
-        video: { width: 640, height: 360, frameRate: 25 },
-      });
+      local = await navigator.mediaDevices.getUserMedia({ audio: micConstraints(), video: { width: 640, height: 360, frameRate: 25 } });
       $("sy-local").srcObject = local;
       pc = new RTCPeerConnection();
       const channel = pc.createDataChannel("events");
       channel.onmessage = (e) => { try { handle(JSON.parse(e.data)); } catch (err) { console.warn(err); } };
       for (const track of local.getTracks()) pc.addTransceiver(track, { direction: "sendrecv", streams: [local] });
+      // Wire v2: a second video m-line, receive only, for the avatar of the spoken answer.
+      avatarTx = pc.addTransceiver("video", { direction: "recvonly" });
       pc.ontrack = (ev) => {
-        if (ev.track.kind !== "video") return;
+        if (ev.track.kind === "audio" || ev.transceiver === avatarTx) { playAnswer(ev); return; }
         const v = $("sy-remote");
         v.srcObject = new MediaStream([ev.track]);
         v.play().catch(() => {});
@@ -82,12 +86,136 @@
     }
   }
 
+  // Echo cancellation stays on for the whole session when answers are spoken: the answer plays from
+  // this page's speaker, and Chrome cannot turn the canceller on for a track that is already open.
+  // Noise suppression and automatic gain stay off: the server's voice activity, word onsets and turn
+  // ends are measured on unprocessed audio, and both reshape speech onsets (gain ramping up at the first
+  // syllable, suppression eating soft word starts) without helping the canceller.
+  function micConstraints() {
+    const app = $("sy-app");
+    const spoken = !app || app.dataset.answers !== "0";
+    return { echoCancellation: spoken, noiseSuppression: false, autoGainControl: false };
+  }
+
+  // The answer's audio and avatar share one stream id (msid), so the browser lip-syncs them; they play
+  // together, not muted, in their own element beside the returned camera.
+  function playAnswer(ev) {
+    if (ev.track.kind === "audio") answerRx = ev.receiver;
+    const el = $("sy-answer");
+    const stream = ev.streams && ev.streams[0];
+    if (stream) answerStream = stream;
+    else { answerStream = answerStream || new MediaStream(); answerStream.addTrack(ev.track); }
+    if (el.srcObject !== answerStream) el.srcObject = answerStream;
+    el.muted = false;
+    el.play().catch((err) => console.warn("answer playback:", err));
+    if (ev.track.kind === "video") $("sy-answer-fig").classList.remove("sy-audio-only");
+  }
+
+  // --- karaoke: the spoken words lit as the element plays them ---------------------------------------
+  const RTP_RATE = 48000;
+  const rtpDiff = (a, b) => { let d = (a - b) >>> 0; return d >= 0x80000000 ? d - 0x100000000 : d; };
+
+  // The RTP timestamp of the answer audio the element is playing now: the receiver's last played packet
+  // (getSynchronizationSources) plus the time since. null where the browser does not say.
+  function playingRtp() {
+    if (!answerRx || !answerRx.getSynchronizationSources) return null;
+    const src = answerRx.getSynchronizationSources()[0];
+    if (!src || typeof src.rtpTimestamp !== "number") return null;
+    const now = performance.timeOrigin + performance.now();
+    const since = Math.min(Math.max(now - src.timestamp, 0), 100);
+    return (src.rtpTimestamp + Math.round(since * RTP_RATE / 1000)) >>> 0;
+  }
+
+  // Otherwise: the session time playing now, from the answer's start as it arrived plus the receiver's
+  // jitter-buffer delay (getStats), refreshed once a second.
+  function playingSessionTime() {
+    if (!answer) return null;
+    const now = performance.now();
+    if (answerRx && now - lastStats > 1000) {
+      lastStats = now;
+      answerRx.getStats().then((stats) => stats.forEach((s) => {
+        if (s.type === "inbound-rtp" && s.jitterBufferEmittedCount > 0)
+          jitterDelay = s.jitterBufferDelay / s.jitterBufferEmittedCount;
+      })).catch(() => {});
+    }
+    return answer.pts + (now - answer.arrived) / 1000 - jitterDelay;
+  }
+
+  function karaoke() {
+    if (!answer) return;
+    const rtp = playingRtp();
+    const t = rtp === null ? playingSessionTime() : null;
+    // Which clock timed the words (the test reads it): the receiver's played RTP, or the session-time estimate.
+    $("sy-answer-text").dataset.clock = rtp !== null && answer.words.some((w) => w.rtp !== null) ? "rtp" : "session";
+    let current = -1;
+    for (const w of answer.words) {
+      const started = rtp !== null && w.rtp !== null ? rtpDiff(rtp, w.rtp) >= 0 : t !== null && t >= w.start;
+      if (!started) break;
+      current = w.index;
+      const ended = rtp !== null && w.rtp !== null ? rtpDiff(rtp, (w.rtp + Math.round((w.end - w.start) * RTP_RATE)) >>> 0) >= 0
+        : t !== null && t >= w.end;
+      w.span.classList.add("sy-spoken");
+      w.span.classList.toggle("sy-speaking", !ended);
+    }
+    answer.current = current;
+  }
+
+  function answerStart(m) {
+    const box = $("sy-answer-text");
+    box.textContent = "";
+    answer = { key: m.answer, pts: Number(m.pts) || 0, arrived: performance.now(), words: [], current: -1 };
+    $("sy-answer-state").textContent = `answering · server voice latency ${fmt(m.voice_latency_ms, 0)} ms`;
+    $("sy-answer-state").className = "sy-note sy-speaking-now";
+    if (!karaokeTimer) karaokeTimer = setInterval(karaoke, 20);
+  }
+
+  function answerWord(m) {
+    if (!answer || m.answer !== answer.key) return;
+    const span = document.createElement("span");
+    span.className = "sy-aword";
+    span.textContent = m.text;
+    span.dataset.index = m.index;
+    span.dataset.start = m.start;
+    const box = $("sy-answer-text");
+    if (box.childElementCount) box.appendChild(document.createTextNode(" "));
+    box.appendChild(span);
+    const rtp = typeof m.rtp_start === "number" ? (m.rtp_start >>> 0) : null;
+    answer.words.push({ index: m.index, start: Number(m.start), end: Number(m.end), rtp, span });
+  }
+
+  const REASONS = { done: "finished", barge_in: "you interrupted", max_tokens: "length limit for this load",
+                    error: "stopped by an error" };
+
+  function responseEnd(m) {
+    const el = $("sy-answer-state");
+    const reason = REASONS[m.reason] || m.reason;
+    el.textContent = `answer ended: ${m.reason} (${reason}) · ${m.words} word${m.words === 1 ? "" : "s"} spoken`
+      + (m.last_word ? ` · last “${m.last_word}”` : "");
+    el.className = "sy-note sy-end-" + m.reason;
+    el.dataset.reason = m.reason;
+    if (answer && m.answer === answer.key) {
+      for (const w of answer.words) if (w.index >= m.words) w.span.classList.add("sy-unspoken");
+    }
+  }
+
+  function warning(m) {
+    warnings.push(m);
+    const box = $("sy-warnings");
+    const row = document.createElement("div");
+    row.className = "sy-warning";
+    row.textContent = `${m.stage}: ${m.message}`;
+    box.appendChild(row);
+    while (box.childElementCount > 4) box.removeChild(box.firstChild);
+  }
+
   async function stop(del = true) {
     if (del && resource) {
       try { await fetch(resource, { method: "DELETE", headers: headers() }); } catch (e) { /* gone already */ }
     }
     resource = null;
     if (pc) { pc.close(); pc = null; }
+    if (karaokeTimer) { clearInterval(karaokeTimer); karaokeTimer = null; }
+    avatarTx = answerRx = answerStream = null;
     if (local) { for (const t of local.getTracks()) t.stop(); local = null; }
     $("sy-stop").disabled = true;
     $("sy-start").disabled = false;
@@ -133,6 +261,9 @@
         note("sy-policy", "controller", "load controller");
         note("sy-response", "response", "responder");
         note("sy-sync-note", "sync", "Level-3 validator");
+        const a = m.answer || {};
+        $("sy-answer-voice").textContent = !a.audio ? "answers as text only"
+          : `voice ${a.voice || "?"}${a.video ? " · avatar" : " · no avatar"}`;
         break;
       }
       case "token": {
@@ -179,6 +310,10 @@
       case "error":
         status(`${m.stage} degraded: ${m.message}`, "sy-bad");
         break;
+      case "answer_start": answerStart(m); break;
+      case "answer_word": answerWord(m); break;
+      case "response_end": responseEnd(m); break;
+      case "warning": warning(m); break;
       default:
         break;
     }
@@ -193,7 +328,8 @@
     const app = $("sy-app");
     if (app && app.dataset.auth !== "1") $("sy-token-form").style.display = "none";
     buildAUs();
-    window.synchrony = { start, stop, handle, words };
+    window.synchrony = { start, stop, handle, words, warnings, micConstraints,
+                         answer: () => answer, local: () => local };
     return true;
   }
 
