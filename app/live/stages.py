@@ -148,6 +148,11 @@ class SessionConfig:
     au_nice: int = 5  # face analysis yields the CPU to ASR and the event loop (CFS weight ≈ 1/3)
     # End-of-turn decisions beside the ASR (app/live/turns.py); None: answer at the ASR's endpoint only.
     turn: TurnConfig | None = field(default_factory=TurnConfig)
+    # what one session may cost whatever its sender sends (app.live.limits): camera frames scaled down to fit
+    # this size and dropped above this rate before the face stage; RTP above the bitrate dropped
+    max_video_size: tuple[int, int] = (1280, 720)
+    max_video_fps: float = 30.0
+    max_bitrate_kbps: int = 4000
 
 
 @dataclass
