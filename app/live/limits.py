@@ -180,19 +180,23 @@ class FrameCap:
     """Camera frames above ``max_fps`` (by pts) dropped, larger than ``max_size`` scaled to fit."""
 
     def __init__(self, max_size: tuple[int, int], max_fps: float) -> None:
-        from app.live.au import FrameRate
-
         self.max_w, self.max_h = max_size
-        self.rate = FrameRate(max_fps) if max_fps > 0 else None
+        self.fps = max_fps
+        self._slot: int | None = None
         self.dropped = 0
         self.scaled = 0
 
     def take(self, t: float) -> bool:
-        """Whether the frame at session time ``t`` is kept (at most ``max_fps`` on average)."""
-        if self.rate is None or self.rate.take(t):
+        """Whether the frame at session time ``t`` is kept: at most one per slot of 1/``max_fps`` s, the
+        slots centred on the grid, so a camera at the cap with a few ms of jitter keeps every frame."""
+        if self.fps <= 0:
             return True
-        self.dropped += 1
-        return False
+        slot = round(t * self.fps)
+        if self._slot is not None and self._slot - 2 * self.fps <= slot <= self._slot:  # back 2 s+: a clock step
+            self.dropped += 1
+            return False
+        self._slot = slot
+        return True
 
     def fit(self, frame: av.VideoFrame) -> av.VideoFrame:
         """``frame``, scaled down (aspect kept, even sizes) when it is larger than ``max_size``."""
@@ -202,6 +206,5 @@ class FrameCap:
         scale = min(self.max_w / w, self.max_h / h)
         small = frame.reformat(width=max(2, int(w * scale) // 2 * 2), height=max(2, int(h * scale) // 2 * 2),
                                interpolation="FAST_BILINEAR")
-        small.pts, small.time_base = frame.pts, frame.time_base
         self.scaled += 1
         return small
