@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Protocol
 
 import av
@@ -47,6 +48,14 @@ OPUS_LOOKAHEAD_S = 312 / AUDIO_CLOCK
 #: at 8 kHz and G.722 at 16 kHz, whose few-sample filter delays are left alone).
 CODEC_DELAY_S = {AUDIO_CLOCK: OPUS_LOOKAHEAD_S}
 REANCHOR_S = 0.02  # audio pts further than this from the running sample count: a gap or clock step
+
+
+@dataclass(frozen=True)
+class _Size:
+    """The size of a frame skipped before decoding (what ``MediaSink.oversized`` reads of a frame)."""
+
+    width: int
+    height: int
 
 
 class MediaRejected(ValueError):
@@ -109,11 +118,8 @@ def guard(receiver: RTCRtpReceiver | None, kind: str, sink: MediaSink) -> Receiv
     config = sink.config
     stage = Stage.VIDEO_IN if kind == "video" else Stage.AUDIO_IN
 
-    def too_large(width: int, height: int) -> None:
-        sink.fail_stage(Stage.VIDEO, ValueError(
-            f"camera frame {width}x{height} is larger than {MAX_VIDEO_PIXELS} pixels; frames that large are not "
-            "decoded (send at most 1920x1080; the server scales frames down to "
-            f"{config.max_video_size[0]}x{config.max_video_size[1]} anyway)"))
+    def too_large(width: int, height: int) -> None:  # as a decoded frame that large would be: dropped, reported
+        sink.oversized(_Size(width, height))  # type: ignore[arg-type]
 
     max_kbps = config.max_bitrate_kbps if kind == "video" else AUDIO_MAX_KBPS
     return ReceiverGuard(receiver, kind, max_kbps, MAX_VIDEO_PIXELS, lambda why: reject(sink, stage, why), too_large)

@@ -48,7 +48,7 @@ class ReceiverGuard:
     """Bitrate bound, pre-decode size bound and garbage count for one RTP receiver.
 
     ``on_violation(message)`` is called once, on the event loop, when the sender must be cut off;
-    ``on_oversized(width, height)`` when a key frame too large to decode is skipped.
+    ``on_oversized(width, height)`` for each frame skipped after a key frame too large to decode.
     """
 
     def __init__(self, receiver: RTCRtpReceiver, kind: str, max_kbps: int, max_pixels: int,
@@ -68,7 +68,7 @@ class ReceiverGuard:
         self._garbage = 0
         self._decode_errors = 0
         self._garbage_seconds = 0
-        self._skipping = False
+        self._skipping: tuple[int, int] | None = None  # the too-large key frame's size while skipping
         self.dropped_bytes = 0
         self.garbage_total = 0
         self.violated: str | None = None
@@ -134,11 +134,10 @@ class ReceiverGuard:
             return True
         size = vp8_keyframe_size(frame.data)
         if size is not None:
-            too_big = size[0] * size[1] > self.max_pixels
-            if too_big and not self._skipping:
-                self.on_oversized(*size)
-            self._skipping = too_big
-        return not self._skipping
+            self._skipping = size if size[0] * size[1] > self.max_pixels else None
+        if self._skipping is not None:
+            self.on_oversized(*self._skipping)
+        return self._skipping is None
 
     def _tick(self) -> None:
         """Once a second: the bitrate and garbage verdicts of the second just ended."""
