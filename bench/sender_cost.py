@@ -3,9 +3,11 @@
 A server child process (faces, controller, renderer and the Level-3 stage warmed; no ASR, so the
 video path is what is measured) takes one aiortc peer at a time. Each peer sends the talking-face
 clip, pre-encoded as VP8 (so the peer's own encoding costs nothing during the run), scaled to its
-size: 1280x720 at 30 fps, 1920x1080 at 60 fps and 3840x2160 at 60 fps (under the bitrate bound). The server's CPU (its process, all threads) over ``--seconds`` after a warm-up is printed
-per sender, with the ratio; the limits of ``app.live.limits`` are what keep the 4K sender's cost
-bounded (its key frames are too large to decode; RTP beyond the bitrate bound is dropped).
+size: 1280x720 at 30 fps, 1920x1080 at 60 fps and 3840x2160 at 60 fps (under the bitrate bound).
+The server's CPU (its process, all threads) over ``--seconds`` after a warm-up is printed per sender,
+with the ratios to 720p30; the limits of ``app.live.limits`` are what bound the others' cost (4K key
+frames are too large to decode; frames above 30 fps are dropped and larger than 720p scaled down
+before the face stage).
 
 Usage: .venv/bin/python bench/sender_cost.py [--seconds 20] [--warm 5]
 """
