@@ -27,6 +27,7 @@ from typing import Any
 
 import av
 from aiortc import RTCRtpReceiver
+from aiortc.codecs import is_rtx
 from aiortc.rtp import RtpPacket
 
 SUSTAIN_S = 5.0  # seconds a sender may stay above twice the bitrate bound before it is cut off
@@ -77,9 +78,14 @@ class ReceiverGuard:
 
     def _install(self, receiver: RTCRtpReceiver) -> None:
         handle = receiver._handle_rtp_packet
+        nacks = getattr(receiver, "_RTCRtpReceiver__nack_generator", None)
+        codecs: dict[int, Any] = getattr(receiver, "_RTCRtpReceiver__codecs", {})
 
         async def guarded(packet: RtpPacket, arrival_time_ms: int) -> None:
             if not self._admit(len(packet.payload) + 12):
+                codec = codecs.get(packet.payload_type)
+                if nacks is not None and codec is not None and not is_rtx(codec):
+                    nacks.add(packet)  # seen, so not asked for again: a retransmission would be dropped too
                 return
             packet._data = _UNSET  # type: ignore[attr-defined]  # aiortc sets it once the payload parses
             await handle(packet, arrival_time_ms)
