@@ -444,3 +444,30 @@ async def test_aiortc_peer_forced_to_relay_gets_words_aus_and_sync(ns, live_stag
             assert turn.allocations() >= 2, turn.log_tail()  # the peer's and the server's own agent's
         finally:
             turn.stop()
+
+
+async def test_cluster_ingress_limits_offers_and_names_ice_servers():
+    """The ingress (no nodes here: its registry watches nothing) answers as a single server does:
+    429 past the burst, OPTIONS with the Link headers, protected metrics."""
+    from app.cluster.ingress import create_ingress_app
+    from app.cluster.registry import NodeRegistry, RegistryConfig
+
+    class NoNodes(NodeRegistry):
+        async def run(self, client: httpx.AsyncClient) -> None:
+            await asyncio.Event().wait()
+
+    server = ServerConfig(**NO_MODELS, auth_token="tok", metrics_auth=True, offer_rate_per_s=0.5, offer_burst=2,
+                          ice_servers=(IceServer("turn:192.0.2.1:3478"),), turn_secret="s3cret")
+    config = RegistryConfig(server=server)
+    sdp = await whip_offer()
+    auth = {"Authorization": "Bearer tok"}
+    async with running_server(create_ingress_app(config, NoNodes(config))) as base, \
+            httpx.AsyncClient(base_url=base) as client:
+        posts = [await client.post("/whip", content=sdp, headers={"Content-Type": "application/sdp", **auth})
+                 for _ in range(4)]
+        assert [r.status_code for r in posts] == [503, 503, 429, 429]  # no node is ready; then limited
+        assert int(posts[2].headers["Retry-After"]) >= 1
+        links = parse_ice_links((await client.options("/whip", headers=auth)).headers.get_list("link"))
+        assert links[0]["urls"] == "turn:192.0.2.1:3478" and links[0]["username"].endswith(":client")
+        assert (await client.get("/metrics")).status_code == 401
+        assert (await client.get("/metrics", headers=auth)).status_code == 200
