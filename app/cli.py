@@ -103,6 +103,8 @@ def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
     """The ``ServerConfig`` that ``serve`` runs, and that ``cluster`` runs on every node."""
     if args.offer_rate < 0 or args.offer_burst < 1:
         raise UsageError("--offer-rate must be >= 0 and --offer-burst >= 1")
+    if args.ice_relay_only and not any(url.startswith("turn") for url in args.ice_server):
+        raise UsageError("--ice-relay-only needs a TURN server (--ice-server turn:...)")
     return ServerConfig(
         max_sessions=args.max_sessions,
         video_backend=args.video_backend,
@@ -127,6 +129,7 @@ def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
         ice_servers=_ice_servers(args),
         turn_secret=args.turn_secret or os.environ.get("SYNCHRONY_TURN_SECRET") or None,
         turn_ttl_s=args.turn_ttl,
+        ice_relay_only=args.ice_relay_only,
         forwarded_allow_ips=tuple(args.forwarded_allow_ip),
         offer_rate_per_s=args.offer_rate,
         offer_burst=args.offer_burst,
@@ -241,6 +244,8 @@ def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> N
                    help="coturn's static-auth-secret (use-auth-secret), or $SYNCHRONY_TURN_SECRET: short-lived TURN "
                    "credentials per offer, so no long-lived password reaches a browser")
     p.add_argument("--turn-ttl", type=int, default=3600, help="seconds such TURN credentials stay valid")
+    p.add_argument("--ice-relay-only", action="store_true",
+                   help="the server's own ICE agent offers TURN relay candidates only (needs a turn: --ice-server)")
     p.add_argument("--forwarded-allow-ip", action="append", default=[], metavar="ADDR",
                    help="a reverse proxy (address or CIDR, '*' any) whose X-Forwarded-For/-Proto/-Host/-Prefix "
                    "are believed (repeatable)")
