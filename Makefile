@@ -3,7 +3,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 APT_PACKAGES := espeak-ng libespeak-ng1 chromium chromium-driver fonts-dejavu-core \
-                festival festvox-us-slt-hts festvox-kallpc16k festvox-kdlpc16k alsa-utils
+                festival festvox-us-slt-hts festvox-kallpc16k festvox-kdlpc16k alsa-utils \
+                coturn iproute2
 
 .PHONY: run test setup system lint bench
 
@@ -18,7 +19,8 @@ test: $(STAMP)
 setup: $(STAMP)
 
 # System packages (espeak-ng and festival voices for generated test speech with exact word times,
-# alsa-utils for its recorded test voice (bench/word_timing.py), Chromium for the browser test).
+# alsa-utils for its recorded test voice (bench/word_timing.py), Chromium for the browser test, coturn and
+# iproute2 for the serving tests: a TURN server and a network namespace of their own, tests/test_deploy.py).
 system:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

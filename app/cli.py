@@ -12,10 +12,15 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
 from app.live.config import ServerConfig
 from app.live.stages import Stage
+
+if TYPE_CHECKING:
+    from app.live.ice import IceServer
+    from app.live.server import Tls
 
 log = logging.getLogger("synchrony")
 
@@ -45,10 +50,63 @@ def _analyze(args: argparse.Namespace) -> int:
     return code
 
 
+class UsageError(ValueError):
+    """Options that cannot run together (printed as one line, exit code 2)."""
+
+
+def _ice_servers(args: argparse.Namespace) -> tuple[IceServer, ...]:
+    from app.live.ice import parse_ice_server
+
+    try:
+        return tuple(parse_ice_server(url) for url in args.ice_server)
+    except ValueError as exc:
+        raise UsageError(f"--ice-server: {exc}") from None
+
+
+def check_exposure(host: str, config: ServerConfig, no_auth: bool, command: str) -> None:
+    """Off loopback a token is required (``--auth-token`` / $SYNCHRONY_TOKEN) unless ``--no-auth``
+    says serving openly is meant; then a warning. ``UsageError`` when it is missing."""
+    from app.live.ice import is_loopback_host
+
+    if config.auth_token and no_auth:
+        raise UsageError("--no-auth and a token (--auth-token or $SYNCHRONY_TOKEN) contradict each other")
+    if config.metrics_auth and not config.auth_token:
+        raise UsageError("--protect-metrics needs a token (--auth-token or $SYNCHRONY_TOKEN)")
+    if is_loopback_host(host) or config.auth_token:
+        return
+    if not no_auth:
+        raise UsageError(f"refusing to serve on {host} without a token: anyone who reaches the port could stream "
+                         "a camera and microphone into it. Pass --auth-token TOKEN (or set SYNCHRONY_TOKEN), or "
+                         "--no-auth to serve openly anyway (docs/DEPLOY.md)")
+    log.warning("serving on %s with NO token (--no-auth): anyone who reaches this port can open sessions "
+                "(each costs most of a core); limited to %g offers/s per address", host, config.offer_rate_per_s)
+    print(f"synchrony {command}: WARNING: no token (--no-auth); anyone who reaches {host} can open sessions",
+          file=sys.stderr)
+
+
+def _tls(args: argparse.Namespace) -> Tls | None:
+    from app.live.server import Tls
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if not args.tls_cert:
+        return None
+    tls = Tls(Path(args.tls_cert), Path(args.tls_key))
+    try:
+        tls.check()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return tls
+
+
 def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
     """The ``ServerConfig`` that ``serve`` runs, and that ``cluster`` runs on every node."""
     if args.tts == "openai" and not args.tts_url:
-        raise SystemExit("synchrony: --tts openai needs --tts-url (an OpenAI-compatible base URL, e.g. http://host/v1)")
+        raise UsageError("--tts openai needs --tts-url (an OpenAI-compatible base URL, e.g. http://host/v1)")
+    if args.offer_rate < 0 or args.offer_burst < 1:
+        raise UsageError("--offer-rate must be >= 0 and --offer-burst >= 1")
+    if args.ice_relay_only and not any(url.startswith("turn") for url in args.ice_server):
+        raise UsageError("--ice-relay-only needs a TURN server (--ice-server turn:...)")
     return ServerConfig(
         max_sessions=args.max_sessions,
         video_backend=args.video_backend,
@@ -72,21 +130,35 @@ def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
         tts=args.tts,
         tts_url=args.tts_url,
         tts_voice=args.tts_voice,
+        metrics_auth=args.protect_metrics,
+        ice_servers=_ice_servers(args),
+        turn_secret=args.turn_secret or os.environ.get("SYNCHRONY_TURN_SECRET") or None,
+        turn_ttl_s=args.turn_ttl,
+        ice_relay_only=args.ice_relay_only,
+        forwarded_allow_ips=tuple(args.forwarded_allow_ip),
+        offer_rate_per_s=args.offer_rate,
+        offer_burst=args.offer_burst,
     )
 
 
 def _serve(args: argparse.Namespace) -> int:
     from app.live.reliability import bound_native_memory
 
+    try:
+        config = server_config(args)
+        check_exposure(args.host, config, args.no_auth, "serve")
+        tls = _tls(args)
+    except UsageError as exc:
+        print(f"synchrony serve: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     bound_native_memory()  # before models load and codec threads start
-    config = server_config(args)
     if config.asr_processes and Stage.ASR in config.stages:
         from app.live.asr_prestart import start_lanes
 
         start_lanes(config.asr_lanes, config.whisper_path)  # they load Whisper while the server imports
     from app.live.server import serve
 
-    serve(args.host, args.port, config)
+    serve(args.host, args.port, config, tls)
     return EXIT_OK
 
 
@@ -97,10 +169,17 @@ def _cluster(args: argparse.Namespace) -> int:
     if not 0 <= args.local_nodes <= 8 or args.node_cpus < 1:
         print("synchrony cluster: --local-nodes must be 0..8 and --node-cpus at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    config = RegistryConfig(server=server_config(args, ui=False), node_host=args.node_host)
+    try:
+        server = server_config(args, ui=False)
+        check_exposure(args.host, server, args.no_auth, "cluster")
+        tls = _tls(args)
+    except UsageError as exc:
+        print(f"synchrony cluster: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    config = RegistryConfig(server=server, node_host=args.node_host)
     try:
         serve_cluster(args.host, args.port, config, ray_address=args.ray_address, local_nodes=args.local_nodes,
-                      node_cpus=args.node_cpus, pin_nodes=args.pin_nodes)
+                      node_cpus=args.node_cpus, pin_nodes=args.pin_nodes, tls=tls)
     except NoRayCluster as exc:
         print(f"synchrony cluster: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -162,6 +241,30 @@ def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> N
     p.add_argument("--tts-url", default=None, help="OpenAI-compatible TTS base URL for --tts openai (…/v1)")
     p.add_argument("--tts-voice", default=None, help="the answer's voice (festival: slt_hts; openai: alloy)")
     p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN)")
+    p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN); "
+                   "required off loopback")
+    p.add_argument("--no-auth", action="store_true",
+                   help="serve on a non-loopback address without a token (a warning is printed)")
+    p.add_argument("--protect-metrics", action="store_true",
+                   help="/metrics and /metrics/lst ask for the bearer token too")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve HTTPS (the page, WHIP, metrics)")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--ice-server", action="append", default=[], metavar="URL",
+                   help="STUN/TURN server for the server's ICE agent, announced to clients in WHIP Link headers "
+                   "(repeatable): stun:host:3478, turn:user:pass@host:3478?transport=udp, turns:host:5349 "
+                   "(TURN without user:pass@ gets short-lived credentials from --turn-secret)")
+    p.add_argument("--turn-secret", default=None,
+                   help="coturn's static-auth-secret (use-auth-secret), or $SYNCHRONY_TURN_SECRET: short-lived TURN "
+                   "credentials per offer, so no long-lived password reaches a browser")
+    p.add_argument("--turn-ttl", type=int, default=3600, help="seconds such TURN credentials stay valid")
+    p.add_argument("--ice-relay-only", action="store_true",
+                   help="the server's own ICE agent offers TURN relay candidates only (needs a turn: --ice-server)")
+    p.add_argument("--forwarded-allow-ip", action="append", default=[], metavar="ADDR",
+                   help="a reverse proxy (address or CIDR, '*' any) whose X-Forwarded-For/-Proto/-Host/-Prefix "
+                   "are believed (repeatable)")
+    p.add_argument("--offer-rate", type=float, default=1.0,
+                   help="WHIP offers per second per client address, past --offer-burst (0: no limit); over it 429")
+    p.add_argument("--offer-burst", type=int, default=10, help="offers one address may make at once")
     p.add_argument("--allowed-origin", action="append", default=[],
                    help="a browser Origin allowed on /whip besides the page's own (repeatable)")
     p.add_argument("--output-delay", type=float, default=1.5,

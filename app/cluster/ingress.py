@@ -8,6 +8,11 @@ flows between client and node and never through the ingress. The ``Location`` it
 the ingress keeps no per-session state (it can be restarted, or run twice). ``503`` + ``Retry-After``
 when no node has room (or none is ready yet). ``/readyz``, ``/metrics`` and ``/metrics/lst`` cover
 the whole cluster, from each node's own endpoints.
+
+Serving other machines works as on one server: HTTPS (``tls``), the bearer token, offers limited per
+client address here (429; the nodes behind do not limit, every offer reaches them from the ingress),
+``OPTIONS /whip`` and the node's ``Link: rel="ice-server"`` headers passed on, and a trusted proxy's
+forwarded headers (``app.live.proxy``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import httpx
 from fastapi import FastAPI, Request
@@ -25,7 +31,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from app.cluster.aggregate import merge_lst, merge_metrics
 from app.cluster.placement import LOST, READY, NodeView, placement_order
 from app.cluster.registry import NodeRegistry, RegistryConfig
-from app.live.offer import OfferRefused, allow_cross_origin, authorised, origin_allowed, origin_refusal, read_offer
+from app.live.ice import link_headers, with_credentials
+from app.live.offer import (
+    OfferRefused,
+    allow_cross_origin,
+    authorised,
+    client_address,
+    origin_allowed,
+    origin_refusal,
+    read_offer,
+    resource_location,
+)
+from app.live.ratelimit import OfferRateLimit
+
+if TYPE_CHECKING:
+    from app.live.server import Tls
 
 log = logging.getLogger("synchrony.cluster")
 
@@ -72,6 +92,7 @@ class Ingress:
         self.registry = registry or NodeRegistry(config)
         self.server = config.server
         self.metrics = ClusterMetrics()
+        self.offers = OfferRateLimit(self.server.offer_rate_per_s, self.server.offer_burst)
         self._client: httpx.AsyncClient | None = None
 
     @property
@@ -104,15 +125,38 @@ class Ingress:
             return self.refuse(403, origin_refusal(request))
         return None
 
+    def rate_refusal(self, request: Request) -> Response | None:
+        wait = self.offers.retry_after(client_address(request))
+        if wait is None:
+            return None
+        return self.refuse(429, f"too many offers from this address; retry in {wait} s", {"Retry-After": str(wait)})
+
+    def metrics_gate(self, request: Request) -> Response | None:
+        if self.server.metrics_auth and not authorised(request, self.server.auth_token):
+            return self.refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        return None
+
     # --- routes (no docstrings: FastAPI would publish them in /openapi.json) -------------------------
 
     async def internal_error(self, _: Request, exc: Exception) -> Response:
         log.exception("internal error", exc_info=exc)
         return _plain(500, "internal server error")
 
+    # OPTIONS /whip: the ICE servers (Link headers) a client needs before it builds its offer.
+    async def whip_options(self, request: Request) -> Response:
+        refused = self.gate(request)
+        if refused is not None:
+            return refused
+        response = Response(status_code=204, headers={"Accept-Post": "application/sdp", "Allow": "OPTIONS, POST"})
+        config = self.server
+        for link in link_headers(with_credentials(config.ice_servers, config.turn_secret, config.turn_ttl_s,
+                                                  "client")):
+            response.headers.append("Link", link)
+        return response
+
     # POST /whip: checked here, answered by the first node in placement order that has room.
     async def whip_offer(self, request: Request) -> Response:
-        refused = self.gate(request)
+        refused = self.rate_refusal(request) or self.gate(request)
         if refused is not None:
             return refused
         try:
@@ -121,12 +165,13 @@ class Ingress:
             return self.refuse(exc.status, str(exc))
         headers = {"Content-Type": "application/sdp", **_forwarded_headers(request)}
         for node in placement_order(self.registry.views()):
-            answer = await self._offer_to(node, sdp, headers)
+            answer = await self._offer_to(node, sdp, headers, request)
             if answer is not None:
                 return answer
         return self._no_room()
 
-    async def _offer_to(self, node: NodeView, sdp: str, headers: dict[str, str]) -> Response | None:
+    async def _offer_to(self, node: NodeView, sdp: str, headers: dict[str, str],
+                        request: Request) -> Response | None:
         """The node's answer to the offer (or its refusal, as is); None to try the next node."""
         registry = self.registry
         registry.placed(node.key)  # counted before the answer, so concurrent offers spread out
@@ -146,8 +191,11 @@ class Ingress:
         self.metrics.placements.labels(node.key).inc()
         session = resp.headers.get("location", "").rstrip("/").rsplit("/", 1)[-1]
         log.info("session %s placed on node %s", session, node.key)
-        return Response(resp.content, status_code=201, media_type="application/sdp",
-                        headers={"Location": f"/whip/{node.key}/{session}"})
+        answer = Response(resp.content, status_code=201, media_type="application/sdp",
+                          headers={"Location": resource_location(request, f"/whip/{node.key}/{session}")})
+        for link in resp.headers.get_list("link"):
+            answer.headers.append("Link", link)
+        return answer
 
     def _no_room(self) -> Response:
         """503 when no node took the offer: none ready yet, or all full."""
@@ -209,18 +257,28 @@ class Ingress:
 
         async def one(view: NodeView) -> httpx.Response | None:
             with contextlib.suppress(httpx.HTTPError):
-                return await self.client.get(f"{view.url}{path}", timeout=SCRAPE_TIMEOUT_S)
+                return await self.client.get(f"{view.url}{path}", timeout=SCRAPE_TIMEOUT_S, headers=self._node_auth())
             return None
 
         answers = await asyncio.gather(*(one(v) for v in live))
         return {v.key: r for v, r in zip(live, answers, strict=True) if r is not None and r.status_code == 200}
 
-    async def prometheus(self) -> Response:
+    def _node_auth(self) -> dict[str, str]:
+        token = self.server.auth_token
+        return {"Authorization": f"Bearer {token}"} if token and self.server.metrics_auth else {}
+
+    async def prometheus(self, request: Request) -> Response:
+        refused = self.metrics_gate(request)
+        if refused is not None:
+            return refused
         nodes = {key: r.text for key, r in (await self.scrape("/metrics")).items()}
         text = merge_metrics(self.metrics.exposition(self.registry.views()), nodes)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def lst(self) -> Response:
+    async def lst(self, request: Request) -> Response:
+        refused = self.metrics_gate(request)
+        if refused is not None:
+            return refused
         nodes = {}
         for key, r in (await self.scrape("/metrics/lst")).items():
             with contextlib.suppress(ValueError):
@@ -240,6 +298,7 @@ def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = N
     allow_cross_origin(app, ingress.server.allowed_origins)
     app.add_exception_handler(Exception, ingress.internal_error)
     app.add_api_route("/whip", ingress.whip_offer, methods=["POST"])
+    app.add_api_route("/whip", ingress.whip_options, methods=["OPTIONS"])
     app.add_api_route("/whip/{node_key}/{session_id}", ingress.whip_delete, methods=["DELETE"])
     app.add_api_route("/whip/{node_key}/{session_id}", ingress.whip_status, methods=["GET"])
     app.add_api_route("/whip/{session_id}", ingress.whip_unknown, methods=["GET", "DELETE"])
@@ -248,6 +307,10 @@ def create_ingress_app(config: RegistryConfig, registry: NodeRegistry | None = N
     app.add_api_route("/readyz", ingress.readyz, methods=["GET"])
     app.add_api_route("/metrics", ingress.prometheus, methods=["GET"])
     app.add_api_route("/metrics/lst", ingress.lst, methods=["GET"])
+    if ingress.server.forwarded_allow_ips:
+        from app.live.proxy import ForwardedHeaders
+
+        app.add_middleware(ForwardedHeaders, allowed=ingress.server.forwarded_allow_ips)
     return app
 
 
@@ -256,7 +319,7 @@ class NoRayCluster(RuntimeError):
 
 
 def serve_cluster(host: str, port: int, config: RegistryConfig, ray_address: str | None = None,
-                  local_nodes: int = 0, node_cpus: int = 1, pin_nodes: bool = False) -> None:
+                  local_nodes: int = 0, node_cpus: int = 1, pin_nodes: bool = False, tls: Tls | None = None) -> None:
     """Run the ingress until interrupted (blocking): on a running Ray cluster, or on a local one it starts."""
     import ray
     import uvicorn
@@ -274,7 +337,8 @@ def serve_cluster(host: str, port: int, config: RegistryConfig, ray_address: str
         raise NoRayCluster(f"no Ray cluster at {ray_address!r} ({exc}); start one (`ray start --head`, "
                            "nodes with --resources '{\"synchrony_node\": 1}') or pass --local-nodes N") from None
     try:
-        uvicorn.run(create_ingress_app(config), host=host, port=port, log_level="info")
+        uvicorn.run(create_ingress_app(config), host=host, port=port, log_level="info", proxy_headers=False,
+                    **(tls.uvicorn() if tls else {}))
     finally:
         if cluster is not None:
             stop_local_cluster(cluster)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from dataclasses import replace
 
 from app.live.config import ServerConfig
 
@@ -44,7 +45,8 @@ class NodeServer:
         from app.live.server import create_app, running_server
 
         try:
-            async with running_server(create_app(config), self.host, port) as url:
+            # the ingress limits offers per client address; to a node every offer comes from the ingress
+            async with running_server(create_app(replace(config, offer_rate_per_s=0.0)), self.host, port) as url:
                 self.url = url
                 self._started.set()
                 await asyncio.Event().wait()  # serves for the life of the actor's process

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.live.ice import IceServer
 from app.live.stages import Stage
 
 MAX_SDP_BYTES = 64 * 1024
@@ -26,6 +27,24 @@ class ServerConfig:
     whisper_path: str | None = None
     auth_token: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    metrics_auth: bool = False  # /metrics and /metrics/lst ask for the bearer token too (``--protect-metrics``)
+    # ICE servers (``--ice-server``, app.live.ice.IceServer): the server's own ICE agent uses them, and WHIP
+    # clients are told them in ``Link: <...>; rel="ice-server"`` headers (RFC 9725 section 4.6)
+    ice_servers: tuple[IceServer, ...] = ()
+    turn_secret: str | None = None  # coturn's static-auth-secret: short-lived TURN credentials per offer
+    turn_ttl_s: int = 3600  # how long such credentials stay valid
+    ice_relay_only: bool = False  # the server's own agent offers relay candidates only (tests, strict NAT)
+    # proxies whose X-Forwarded-For/-Proto/-Host/-Prefix are believed ("*": any; app.live.proxy)
+    forwarded_allow_ips: tuple[str, ...] = ()
+    # WHIP offers per client address: a bucket of ``offer_burst`` refilled at ``offer_rate_per_s`` (0: no
+    # limit, in-process test servers; ``synchrony serve`` limits); over it, 429 + Retry-After
+    offer_rate_per_s: float = 0.0
+    offer_burst: int = 10
+    # what one session may cost whatever its sender sends (app.live.ingest): camera frames above this size are
+    # scaled down and above this rate dropped before the face stage; incoming RTP above the bitrate is dropped
+    max_video_size: tuple[int, int] = (1280, 720)
+    max_video_fps: float = 30.0
+    max_bitrate_kbps: int = 4000
     output_delay_s: float = 1.5  # > final-word latency p95 (bench/asr_stream.py), so captions land on their frames
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0

@@ -5,6 +5,11 @@ Each incoming track gets its clock (``alignment.clock``) fed from its receiver's
 (``app.live.jitter``). The two read loops then hand every decoded frame on with its session time:
 camera frames as they are, audio resampled to the ASR's 16 kHz mono with continuous pts.
 
+Before anything is decoded, each receiver is guarded (``app.live.limits``): bitrate, the size of
+key frames, garbage. After decoding, camera frames are capped in rate and size, so what the face stage
+and the camera buffer see costs no more than a 720p 30 fps camera would, whatever the sender sends.
+A sender cut off by a guard gets an ``error`` event, then its session closes.
+
 An audio frame's RTP timestamp stamps the first sample the sender's encoder was given, but an Opus
 decoder's output starts with the encoder's look-ahead (:data:`OPUS_LOOKAHEAD_S`): the decoded sound
 of a frame is that much later than its timestamp says, so audio is read that much earlier.
@@ -12,7 +17,10 @@ of a frame is that much later than its timestamp says, so audio is read that muc
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Protocol
 
 import av
@@ -23,7 +31,9 @@ from aiortc.mediastreams import MediaStreamError
 from alignment.clock import SessionClock, TrackClock
 from alignment.types import SAMPLE_RATE
 from app.live import jitter
+from app.live.limits import AUDIO_MAX_KBPS, FrameCap, ReceiverGuard
 from app.live.output import VIDEO_CLOCK
+from app.live.stages import SessionConfig, Stage
 from app.live.webrtc import hook_receiver, set_origin
 
 AUDIO_CLOCK = 48_000
@@ -40,9 +50,26 @@ CODEC_DELAY_S = {AUDIO_CLOCK: OPUS_LOOKAHEAD_S}
 REANCHOR_S = 0.02  # audio pts further than this from the running sample count: a gap or clock step
 
 
+@dataclass(frozen=True)
+class _Size:
+    """The size of a frame skipped before decoding (what ``MediaSink.oversized`` reads of a frame)."""
+
+    width: int
+    height: int
+
+
+class MediaRejected(ValueError):
+    """A sender whose media the server will not take (the message says why)."""
+
+
 class MediaSink(Protocol):
     """Where the read loops hand what they read (the session)."""
 
+    config: SessionConfig
+
+    def fail_stage(self, stage: Stage, exc: BaseException) -> None: ...
+    def spawn(self, coro: Coroutine[object, object, None], name: Stage) -> asyncio.Task[None]: ...
+    async def close(self, reason: str) -> None: ...
     def media_arrived(self, wall: float) -> None: ...
     def oversized(self, frame: av.VideoFrame) -> None: ...
     def camera_frame(self, t: float, frame: av.VideoFrame, arrival: float) -> None: ...
@@ -73,16 +100,47 @@ async def _receive(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCRtp
     return frame, tclock.time(int(frame.pts), arrival), arrival
 
 
+def reject(sink: MediaSink, stage: Stage, message: str) -> None:
+    """Tell the client why its media is refused (an ``error`` event), then close its session."""
+    sink.fail_stage(stage, MediaRejected(message))
+
+    async def close_soon() -> None:
+        await asyncio.sleep(0.5)  # the error event leaves on the data channel before it closes
+        await sink.close(f"media rejected: {message}")
+
+    sink.spawn(close_soon(), Stage.CLOSE)
+
+
+def guard(receiver: RTCRtpReceiver | None, kind: str, sink: MediaSink) -> ReceiverGuard | None:
+    """Bound what ``receiver`` passes on (``app.live.limits``); a sender cut off closes its session."""
+    if not isinstance(receiver, RTCRtpReceiver):
+        return None
+    config = sink.config
+    stage = Stage.VIDEO_IN if kind == "video" else Stage.AUDIO_IN
+
+    def too_large(width: int, height: int) -> None:  # as a decoded frame that large would be: dropped, reported
+        sink.oversized(_Size(width, height))  # type: ignore[arg-type]
+
+    max_kbps = config.max_bitrate_kbps if kind == "video" else AUDIO_MAX_KBPS
+    return ReceiverGuard(receiver, kind, max_kbps, MAX_VIDEO_PIXELS, lambda why: reject(sink, stage, why), too_large)
+
+
 async def read_video(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCRtpReceiver | None,
                      sink: MediaSink) -> None:
-    """Camera frames to ``sink`` until the track ends (oversized ones are reported, not kept)."""
+    """Camera frames to ``sink`` until the track ends: capped in rate and size (oversized ones are
+    reported, not kept)."""
+    guard(receiver, "video", sink)
+    config = getattr(sink, "config", None) or SessionConfig()
+    cap = FrameCap(config.max_video_size, config.max_video_fps)
     try:
         while True:
             frame, t, arrival = await _receive(track, tclock, receiver, sink)
             if frame.width * frame.height > MAX_VIDEO_PIXELS:
                 sink.oversized(frame)
                 continue
-            sink.camera_frame(t, frame, arrival)
+            if not cap.take(t):
+                continue
+            sink.camera_frame(t, cap.fit(frame), arrival)
     except MediaStreamError:
         return
 
@@ -90,6 +148,7 @@ async def read_video(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCR
 async def read_audio(track: MediaStreamTrack, tclock: TrackClock, receiver: RTCRtpReceiver | None,
                      sink: MediaSink) -> None:
     """Microphone audio to ``sink`` as 16 kHz mono float32 with continuous pts, until the track ends."""
+    guard(receiver, "audio", sink)
     resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
     anchor: float | None = None  # session time of output sample 0
     produced = 0

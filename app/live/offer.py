@@ -107,6 +107,35 @@ async def read_offer(request: Request, max_bytes: int) -> str:
     return sdp
 
 
+def client_address(request: Request) -> str:
+    """The client's address (a trusted proxy's ``X-Forwarded-For`` already applied: ``app.live.proxy``)."""
+    return request.client.host if request.client is not None else "unknown"
+
+
+def resource_location(request: Request, path: str) -> str:
+    """``path`` under the proxy's path prefix, if a trusted proxy named one (``X-Forwarded-Prefix``)."""
+    from app.live.proxy import PREFIX_KEY
+
+    return str(request.scope.get(PREFIX_KEY, "")) + path
+
+
+def cap_bitrate(sdp: str, kbps: int) -> str:
+    """An SDP answer with ``b=AS:<kbps>`` on its video sections: the most a browser will send us."""
+    if kbps <= 0:
+        return sdp
+    out: list[str] = []
+    in_video = False
+    for line in sdp.split("\r\n"):
+        if line.startswith("m="):
+            in_video = line.startswith("m=video")
+        elif in_video and line.startswith("b="):
+            continue  # replaced by ours
+        out.append(line)
+        if in_video and line.startswith("c="):
+            out.append(f"b=AS:{kbps}")
+    return "\r\n".join(out)
+
+
 def authorised(request: Request, token: str | None) -> bool:
     """The request carries ``Bearer <token>`` (always true without a token)."""
     if not token:
@@ -135,5 +164,5 @@ def allow_cross_origin(app: FastAPI, origins: tuple[str, ...]) -> None:
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(origins),
-                           allow_methods=["POST", "DELETE", "GET", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Location"])
+                           allow_methods=["POST", "DELETE", "GET", "OPTIONS", "PATCH"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Location", "Link"])

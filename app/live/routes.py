@@ -2,8 +2,13 @@
 
 Refusals are short plain-text messages with the right status, never a traceback: 400 bad SDP, 401
 missing/wrong bearer token, 403 foreign browser origin, 404 unknown session, 413 body too large, 415
-not ``application/sdp``, 503 (+ Retry-After) while warming up or when the server is full
-(``app.live.admission``).
+not ``application/sdp``, 429 (+ Retry-After) too many offers from one address (``app.live.ratelimit``),
+503 (+ Retry-After) while warming up or when the server is full (``app.live.admission``).
+
+The server's ICE servers (``app.live.ice``) configure each session's own ICE agent and are told to the
+client in ``Link`` headers, on the 201 and on ``OPTIONS /whip`` (which a browser asks before it builds
+its offer). The answer caps the camera's bitrate (``b=AS``), which honest senders follow; what a
+sender does beyond it is bounded in ``app.live.limits``.
 """
 
 from __future__ import annotations
@@ -16,13 +21,24 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCSessionDescription
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from app.live.admission import Admission
 from app.live.config import ServerConfig
-from app.live.offer import OfferRefused, authorised, origin_allowed, origin_refusal, read_offer
+from app.live.ice import IceServer, link_headers, rtc_configuration, with_credentials
+from app.live.offer import (
+    OfferRefused,
+    authorised,
+    cap_bitrate,
+    client_address,
+    origin_allowed,
+    origin_refusal,
+    read_offer,
+    resource_location,
+)
+from app.live.ratelimit import OfferRateLimit
 from app.live.reliability import freeze_warm_heap, reclaim
 from app.live.server_metrics import ServerMetrics
 from app.live.session import Session, SessionConfig, Stages
@@ -46,7 +62,9 @@ def session_config(config: ServerConfig) -> SessionConfig:
     if config.tts != "off":
         answer = AnswerConfig(history_turns=config.history_turns, avatar_shift_s=config.avatar_shift_s)
     return SessionConfig(output_delay_s=config.output_delay_s, output_size=config.output_size,
-                         media_timeout_s=config.media_timeout_s, turn=turn, answer=answer)
+                         media_timeout_s=config.media_timeout_s, turn=turn, answer=answer,
+                         max_video_size=config.max_video_size, max_video_fps=config.max_video_fps,
+                         max_bitrate_kbps=config.max_bitrate_kbps)
 
 
 def _reclaim_soon(loop: asyncio.AbstractEventLoop) -> None:
@@ -67,6 +85,7 @@ class LiveServer:
         self.pending = 0  # offers being answered, counted against the limit
         self.session_config = session_config(config)
         self.admission = Admission(config, self.metrics)
+        self.offers = OfferRateLimit(config.offer_rate_per_s, config.offer_burst)
         # Warm-up starts now, so model loading overlaps building the page (Gradio) and server start-up.
         if stages is not None:
             self.warm.stages = stages
@@ -142,6 +161,24 @@ class LiveServer:
             return self.refuse(403, origin_refusal(request))
         return None
 
+    def rate_refusal(self, request: Request) -> Response | None:
+        """429 + Retry-After when this client address has offered too often, else None."""
+        wait = self.offers.retry_after(client_address(request))
+        if wait is None:
+            return None
+        return self.refuse(429, f"too many offers from this address; retry in {wait} s", {"Retry-After": str(wait)})
+
+    def metrics_gate(self, request: Request) -> Response | None:
+        """The bearer-token refusal for /metrics and /metrics/lst when they are protected."""
+        if self.config.metrics_auth and not authorised(request, self.config.auth_token):
+            return self.refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        return None
+
+    def ice_servers(self, name: str) -> tuple[IceServer, ...]:
+        """The ICE servers with fresh short-lived TURN credentials (``name`` goes into their username)."""
+        config = self.config
+        return with_credentials(config.ice_servers, config.turn_secret, config.turn_ttl_s, name)
+
     def room_refusal(self) -> Response | None:
         """503 while warming up or when full, or None when a new session fits."""
         if not self.warm.ready:
@@ -168,7 +205,7 @@ class LiveServer:
 
     # POST /whip: a WHIP offer in, a session and its SDP answer out (201, ``Location``).
     async def whip_offer(self, request: Request) -> Response:
-        refused = self.gate(request)
+        refused = self.rate_refusal(request) or self.gate(request)
         if refused is not None:
             return refused
         try:
@@ -179,10 +216,11 @@ class LiveServer:
         if refused is not None:
             return refused
         self.pending += 1
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        name = secrets.token_urlsafe(12)
+        pc = RTCPeerConnection(rtc_configuration(self.ice_servers(f"server-{name}"), self.config.ice_relay_only))
         try:  # whatever fails below, the slot this offer held is given back
             try:
-                session = Session(secrets.token_urlsafe(12), pc, self.warm.stages, self.session_config,
+                session = Session(name, pc, self.warm.stages, self.session_config,
                                   self.metrics, self.on_end, degradation=self.admission.degradation)
                 session.hook()
             except Exception:
@@ -197,8 +235,23 @@ class LiveServer:
         self.metrics.sessions.set(len(self.sessions))
         self.metrics.sessions_total.inc()
         log.info("session %s started (%d live)", session.id, len(self.sessions))
-        return Response(pc.localDescription.sdp, status_code=201, media_type="application/sdp",
-                        headers={"Location": f"/whip/{session.id}"})
+        answer = cap_bitrate(pc.localDescription.sdp, self.config.max_bitrate_kbps)
+        response = Response(answer, status_code=201, media_type="application/sdp",
+                            headers={"Location": resource_location(request, f"/whip/{session.id}")})
+        for link in link_headers(self.ice_servers(session.id)):
+            response.headers.append("Link", link)
+        return response
+
+    # OPTIONS /whip: the ICE servers (Link headers) a client needs before it builds its offer.
+    async def whip_options(self, request: Request) -> Response:
+        refused = self.gate(request)
+        if refused is not None:
+            return refused
+        response = Response(status_code=204, headers={"Accept-Post": "application/sdp",
+                                                      "Allow": "OPTIONS, POST"})
+        for link in link_headers(self.ice_servers("client")):
+            response.headers.append("Link", link)
+        return response
 
     async def _negotiate(self, pc: RTCPeerConnection, session: Session, sdp: str) -> Response | None:
         """Apply the offer and answer it, or the 400 when aiortc cannot use it (the session closed)."""
@@ -245,10 +298,16 @@ class LiveServer:
     async def readyz(self) -> Response:
         return JSONResponse(self.ready_body(), status_code=200 if self.warm.ready else 503)
 
-    async def prometheus(self) -> Response:
+    async def prometheus(self, request: Request) -> Response:
+        refused = self.metrics_gate(request)
+        if refused is not None:
+            return refused
         return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def lst(self) -> Response:
+    async def lst(self, request: Request) -> Response:
+        refused = self.metrics_gate(request)
+        if refused is not None:
+            return refused
         stages = self.warm.stages
         if stages.lst is None:
             return JSONResponse({"error": "LST metrics unavailable", "missing": stages.missing.get("lst")},

@@ -1,10 +1,11 @@
 """The live server: WHIP signaling (RFC 9725) for aiortc sessions, metrics, health, the Gradio page.
 
 ``create_app(config)`` builds the FastAPI app (tests use it directly) from the handlers of
-``app.live.routes``; ``serve(host, port, config)`` runs it under uvicorn. Every model is loaded and
-run once at start-up (in a thread, ``app.live.warmup``) before ``/readyz`` says ready; the per-model
-cold-start breakdown is logged, exported on ``/metrics`` and returned by ``/readyz``. The server
-admits as many sessions as its measured capacity (``app.live.admission``) or ``max_sessions``,
+``app.live.routes``; ``serve(host, port, config)`` runs it under uvicorn, over TLS when given a
+certificate and key (browsers open the camera only on HTTPS pages or localhost; docs/DEPLOY.md).
+Every model is loaded and run once at start-up (in a thread, ``app.live.warmup``) before ``/readyz``
+says ready; the per-model cold-start breakdown is logged, exported on ``/metrics`` and returned by
+``/readyz``. The server admits as many sessions as its measured capacity (``app.live.admission``) or ``max_sessions``,
 whichever is lower.
 """
 
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -23,7 +25,7 @@ from app.live.offer import allow_cross_origin
 from app.live.routes import LiveServer
 from app.live.session import Stages
 
-__all__ = ["STATIC_DIR", "ServerConfig", "create_app", "running_server", "serve"]
+__all__ = ["STATIC_DIR", "ServerConfig", "Tls", "create_app", "running_server", "serve"]
 
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -46,6 +48,7 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
     allow_cross_origin(app, config.allowed_origins)
     app.add_exception_handler(Exception, live.internal_error)
     app.add_api_route("/whip", live.whip_offer, methods=["POST"])
+    app.add_api_route("/whip", live.whip_options, methods=["OPTIONS"])
     app.add_api_route("/whip/{session_id}", live.whip_delete, methods=["DELETE"])
     app.add_api_route("/whip/{session_id}", live.whip_status, methods=["GET"])
     app.add_api_route("/whip/{session_id}", live.whip_patch, methods=["PATCH"])
@@ -61,19 +64,47 @@ def create_app(config: ServerConfig | None = None, stages: Stages | None = None)
         from app.live.ui import mount_ui
 
         app = mount_ui(app, config, ready=live.ready_body)
+    if config.forwarded_allow_ips:
+        from app.live.proxy import ForwardedHeaders
+
+        app.add_middleware(ForwardedHeaders, allowed=config.forwarded_allow_ips)
     return app
 
 
+@dataclass(frozen=True)
+class Tls:
+    """A certificate chain and its private key (PEM files), for HTTPS."""
+
+    cert: Path
+    key: Path
+
+    def check(self) -> None:
+        """``ValueError`` saying what is wrong when the pair cannot be loaded (before uvicorn starts)."""
+        import ssl
+
+        for what, path in (("certificate", self.cert), ("key", self.key)):
+            if not Path(path).is_file():
+                raise ValueError(f"TLS {what} {path} does not exist")
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(self.cert), str(self.key))
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"cannot use TLS certificate {self.cert} with key {self.key}: {exc}") from None
+
+    def uvicorn(self) -> dict[str, str]:
+        return {"ssl_certfile": str(self.cert), "ssl_keyfile": str(self.key)}
+
+
 @contextlib.asynccontextmanager
-async def running_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+async def running_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
+                         tls: Tls | None = None) -> AsyncIterator[str]:
     """Run ``app`` under uvicorn on this event loop; yields its base URL (tests, benches, load tests)."""
     import uvicorn
 
-    from app.live.ice import is_loopback_host, loopback_candidates
+    from app.live.ice import host_candidates
 
-    loopback_candidates(is_loopback_host(host))  # a loopback server keeps its media on loopback
-
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    host_candidates(host)  # a loopback server keeps its media on loopback; one bound to an address, there
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                                           proxy_headers=False, **(tls.uvicorn() if tls else {})))
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:
@@ -82,18 +113,19 @@ async def running_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -
                 raise RuntimeError("uvicorn exited before it started")
             await asyncio.sleep(0.02)
         bound = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://{host}:{bound}"
+        yield f"{'https' if tls else 'http'}://{host}:{bound}"
     finally:
         server.should_exit = True
         await task
 
 
-def serve(host: str, port: int, config: ServerConfig) -> None:
+def serve(host: str, port: int, config: ServerConfig, tls: Tls | None = None) -> None:
     """Run the server until interrupted (blocking)."""
     import uvicorn
 
-    from app.live.ice import is_loopback_host, loopback_candidates
+    from app.live.ice import host_candidates
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    loopback_candidates(is_loopback_host(host))  # a loopback server keeps its media on loopback
-    uvicorn.run(create_app(config), host=host, port=port, log_level="info")
+    host_candidates(host)  # a loopback server keeps its media on loopback; one bound to an address, there
+    uvicorn.run(create_app(config), host=host, port=port, log_level="info", proxy_headers=False,
+                **(tls.uvicorn() if tls else {}))

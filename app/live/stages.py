@@ -240,6 +240,11 @@ class SessionConfig:
     turn: TurnConfig | None = field(default_factory=TurnConfig)
     # Spoken answers (app/live/answer.py) where the server has a voice; None: answers are text only.
     answer: AnswerConfig | None = None
+    # what one session may cost whatever its sender sends (app.live.limits): camera frames scaled down to fit
+    # this size and dropped above this rate before the face stage; RTP above the bitrate dropped
+    max_video_size: tuple[int, int] = (1280, 720)
+    max_video_fps: float = 30.0
+    max_bitrate_kbps: int = 4000
 
 
 @dataclass

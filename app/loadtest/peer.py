@@ -31,6 +31,7 @@ import contextlib
 import fractions
 import functools
 import json
+import re
 import ssl
 import time
 from collections import deque
@@ -96,6 +97,25 @@ def warm_http_client() -> None:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     _tls_context()
+
+
+def parse_ice_links(values: list[str]) -> list[dict[str, str]]:
+    """RFC 9725 ``Link: <url>; rel="ice-server"; username=..; credential=..`` values → ICE server dicts."""
+    servers = []
+    for value in values:
+        for part in re.split(r",\s*(?=<)", value):
+            m = re.match(r"\s*<([^>]+)>(.*)$", part)
+            if m is None:
+                continue
+            params = {k.lower(): (re.sub(r"\\(.)", r"\1", q) if q else t) for k, q, t in
+                      re.findall(r';\s*([\w-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;,\s]+))', m.group(2))}
+            if params.get("rel") != "ice-server":
+                continue
+            server = {"urls": m.group(1)}
+            if "username" in params:
+                server["username"], server["credential"] = params["username"], params.get("credential", "")
+            servers.append(server)
+    return servers
 
 
 class _Start:
@@ -197,12 +217,22 @@ class WhipPeer:
         answer_video: bool = False,
         decode_answer: bool = True,
         echo: Any = None,
+        ice_from_server: bool = False,
+        relay: bool = False,
+        cafile: str | None = None,
     ) -> None:
         """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``.
 
-        ``echo``: an ``app.loadtest.answers.EchoPath`` the listener plays the received answer into."""
+        ``echo``: an ``app.loadtest.answers.EchoPath`` the listener plays the received answer into.
+        ``ice_from_server``: use the STUN/TURN servers the server names (``OPTIONS`` → ``Link`` headers, RFC 9725),
+        as the page does; ``relay``: offer relay candidates only (media through TURN). ``cafile``: trust
+        this certificate (a server with a self-signed one)."""
         self.url = url
         self.token = token
+        self.ice_from_server = ice_from_server or relay
+        self.relay = relay
+        self._verify: ssl.SSLContext = ssl.create_default_context(cafile=cafile) if cafile else _tls_context()
+        self.ice_servers: list[dict[str, str]] = []
         audio = clip.audio if clip is not None and audio is None else audio
         frames = clip.frames if clip is not None and frames is None else frames
         fps = clip.fps if clip is not None and fps is None else fps
@@ -239,6 +269,8 @@ class WhipPeer:
 
     async def connect(self, timeout: float = 15.0) -> None:
         """Send the offer (audio + video sendrecv, DataChannel ``events``) and apply the answer."""
+        if self.ice_from_server:
+            await self._use_server_ice(timeout)
         channel = self.pc.createDataChannel("events")
         channel.on("open", self.channel_open.set)
         channel.on("message", self._on_message)
@@ -254,7 +286,7 @@ class WhipPeer:
         headers = {"Content-Type": "application/sdp"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        async with httpx.AsyncClient(timeout=timeout, verify=_tls_context()) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=self._verify) as client:
             resp = await client.post(self.url, content=self.pc.localDescription.sdp, headers=headers)
         if resp.status_code != 201:
             await self.pc.close()
@@ -267,6 +299,23 @@ class WhipPeer:
             share_transport(self._avatar_transceiver, camera)
         await asyncio.wait_for(self.channel_open.wait(), timeout)
 
+    async def _use_server_ice(self, timeout: float) -> None:
+        """Rebuild the (still empty) peer connection with the ICE servers ``OPTIONS`` names."""
+        from aiortc import RTCConfiguration, RTCIceServer
+        from aiortc.rtcconfiguration import RTCIceTransportPolicy
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        async with httpx.AsyncClient(timeout=timeout, verify=self._verify) as client:
+            resp = await client.options(self.url, headers=headers)
+        if resp.status_code not in (200, 204):
+            raise WhipError(resp.status_code, resp.text.strip(), resp.headers.get("Retry-After"))
+        self.ice_servers = parse_ice_links(resp.headers.get_list("link"))
+        servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
+                   for s in self.ice_servers]
+        policy = RTCIceTransportPolicy.RELAY if self.relay else RTCIceTransportPolicy.ALL
+        await self.pc.close()
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers, iceTransportPolicy=policy))
+
     async def close(self, delete: bool = True) -> int | None:
         """End the session: ``DELETE`` its resource (returns the status) and close the connection."""
         if self._closed:
@@ -276,7 +325,7 @@ class WhipPeer:
         if delete and self.location:
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
             try:
-                async with httpx.AsyncClient(timeout=5.0, verify=_tls_context()) as client:
+                async with httpx.AsyncClient(timeout=5.0, verify=self._verify) as client:
                     status = (await client.delete(self.location, headers=headers)).status_code
             except httpx.HTTPError:
                 status = None

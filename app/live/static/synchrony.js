@@ -44,14 +44,57 @@
     return h;
   }
 
+  // Browsers give the camera only to secure contexts: HTTPS pages, or localhost.
+  function insecureReason() {
+    if (window.isSecureContext && navigator.mediaDevices && navigator.mediaDevices.getUserMedia) return null;
+    return `Camera and microphone are unavailable: this page was loaded over plain HTTP from ${location.host}, ` +
+      "and browsers allow them only on HTTPS pages or on localhost. Open it over HTTPS " +
+      "(synchrony serve --tls-cert/--tls-key, or an HTTPS proxy: docs/DEPLOY.md).";
+  }
+
+  // RFC 9725 section 4.6: the server names its STUN/TURN servers in Link headers (rel="ice-server").
+  function parseLinks(header) {
+    const servers = [];
+    for (const part of (header || "").split(/,\s*(?=<)/)) {
+      const m = part.match(/^\s*<([^>]+)>(.*)$/);
+      if (!m) continue;
+      const p = {};
+      for (const a of m[2].matchAll(/;\s*([\w-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;,\s]+))/g)) {
+        p[a[1].toLowerCase()] = a[2] !== undefined ? a[2].replace(/\\(.)/g, "$1") : a[3];
+      }
+      if (p.rel !== "ice-server") continue;
+      const server = { urls: m[1] };
+      if (p.username !== undefined) { server.username = p.username; server.credential = p.credential || ""; }
+      servers.push(server);
+    }
+    return servers;
+  }
+
+  async function iceConfig() {
+    const resp = await fetch("/whip", { method: "OPTIONS", headers: headers() });
+    if (resp.status === 401) throw new Error("the server refused the access token");
+    const config = { iceServers: resp.ok ? parseLinks(resp.headers.get("Link")) : [] };
+    if (new URLSearchParams(location.search).get("ice") === "relay") config.iceTransportPolicy = "relay";
+    return config;
+  }
+
   async function start() {
     buildAUs();
+    const insecure = insecureReason();
+    if (insecure) { status(insecure, "sy-bad"); return; }
+    const app = $("sy-app"), tok = $("sy-token");
+    if (app && app.dataset.auth === "1" && tok && !tok.value) {
+      status("this server needs an access token: enter it, then start", "sy-bad");
+      tok.focus();
+      return;
+    }
     $("sy-start").disabled = true;
     status("opening camera…");
     try {
+      const config = await iceConfig();
       local = await navigator.mediaDevices.getUserMedia({ audio: micConstraints(), video: { width: 640, height: 360, frameRate: 25 } });
       $("sy-local").srcObject = local;
-      pc = new RTCPeerConnection();
+      pc = new RTCPeerConnection(config);
       const channel = pc.createDataChannel("events");
       channel.onmessage = (e) => { try { handle(JSON.parse(e.data)); } catch (err) { console.warn(err); } };
       for (const track of local.getTracks()) pc.addTransceiver(track, { direction: "sendrecv", streams: [local] });
@@ -73,7 +116,7 @@
       status("connecting…");
       const resp = await fetch("/whip", { method: "POST", headers: headers(), body: pc.localDescription.sdp });
       if (resp.status !== 201) {
-        const why = (await resp.text()).trim();
+        const why = resp.status === 401 ? "the access token was refused" : (await resp.text()).trim();
         throw new Error(`server said ${resp.status}: ${why}`);
       }
       resource = resp.headers.get("Location");
@@ -328,8 +371,10 @@
     const app = $("sy-app");
     if (app && app.dataset.auth !== "1") $("sy-token-form").style.display = "none";
     buildAUs();
+    const insecure = insecureReason();
+    if (insecure) { status(insecure, "sy-bad"); startBtn.title = insecure; }
     window.synchrony = { start, stop, handle, words, warnings, micConstraints,
-                         answer: () => answer, local: () => local };
+                         answer: () => answer, local: () => local, pc: () => pc };
     return true;
   }
 
