@@ -153,3 +153,35 @@ def test_workload_clip_marks_each_turn_end():
     w = workload_clip(QUICK_TURNS)
     assert len(w.speech_ends) == 2 and 0.6 < w.speech_ends[0] < w.speech_ends[1] < w.clip.duration
     assert len(w.clip.frames) == int(w.clip.duration * 25)
+
+
+def test_a_v2_certificate_still_verifies_by_v2_rules():
+    """tests/data/lst_v2_certificate.json was signed by the v2 code; verify judges it by v2's rules."""
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    rep = json.loads((data / "lst_v2_certificate.json").read_text())
+    public = certificate.load_public_key(data / "lst_v2_certificate.pub")
+    assert certificate.version_of(rep) == 2
+    assert certificate.verify_report(rep, public).ok
+    assert certificate.canonical(certificate.verdict_of(rep["samples"], 2)) == certificate.canonical(rep["verdict"])
+    assert certificate.verdict_of(rep["samples"])["lst_version"] == 3  # today's rules differ: v2 is kept apart
+    bad = copy.deepcopy(rep)
+    bad["samples"][0]["ms"] += 1.0
+    assert not certificate.verify_report(bad, public).ok
+
+
+def test_v3_verdict_carries_seq_integrity_per_cell():
+    samples = [
+        {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "ttft",
+         "ms": 90.0, "turn_ms": 300.0},
+        {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "itl", "ms": 83.0},
+        {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "seq",
+         "kept": True},
+        {"scenario": "clean", "responder": "openai", "context": "truncation", "session": "s", "kind": "seq",
+         "kept": False},
+    ]
+    v = certificate.verdict_of(samples, 3)
+    assert v["lst_version"] == 3 and v["seq_answers"] == 2 and v["seq_integrity"] == 0.5
+    assert v["by_cell"]["openai / tool calls / clean"]["seq_integrity"] == 1.0
+    assert v["by_cell"]["openai / truncation / clean"]["seq_integrity"] == 0.0

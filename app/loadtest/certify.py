@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from alignment.lst import TIER_NAMES, tier_rank
+from alignment.lst import LST_VERSION, TIER_NAMES, tier_rank
 from alignment.types import SAMPLE_RATE
 from app.loadtest import certificate
 
@@ -211,7 +211,8 @@ async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str
                      "standin_ttft_ms": args.standin_ttft_ms if "openai" in responders else None},
         "runs": runs,
         "machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()]},
-        "lst_definitions": "alignment/lst.py (docs/LST.md), version 2",
+        "lst_definitions": f"alignment/lst.py (docs/LST.md), version {LST_VERSION}",
+        "lst_version": LST_VERSION,
     }
     return header, samples
 
