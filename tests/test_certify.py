@@ -175,7 +175,8 @@ def test_v3_verdict_carries_seq_integrity_per_cell():
     samples = [
         {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "ttft",
          "ms": 90.0, "turn_ms": 300.0},
-        {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "itl", "ms": 83.0},
+        {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "itl",
+         "ms": 83.0},
         {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "seq",
          "kept": True},
         {"scenario": "clean", "responder": "openai", "context": "truncation", "session": "s", "kind": "seq",

@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from alignment.clock import SessionClock
 from alignment.lst import LSTMeter
 from alignment.pacing import TokenPacer
-from alignment.types import AudioChunk, TokenRatePolicy, WordToken
+from alignment.types import AnswerEnd, AudioChunk, TokenRatePolicy, WordToken
+from app.live.answer_lst import ConversationTrace, MeteredAnswer
 from app.live.events import LSTEvent, ResponseEvent
 from app.live.observe import SessionObserver
 from app.live.stages import Pacer, Responder, Stage, StageHost, attempt
@@ -32,10 +33,14 @@ class Responses:
 
     def __init__(self, host: StageHost, responder: Responder, turns: TurnDetector | None, clock: SessionClock,
                  make_pacer: Callable[[TokenRatePolicy], Pacer] | None, lst: LSTMeter | None,
-                 observer: SessionObserver, policy: Callable[[], TokenRatePolicy | None]) -> None:
-        """``policy``: the current load's policy (None before the controller has spoken)."""
+                 observer: SessionObserver, policy: Callable[[], TokenRatePolicy | None],
+                 trace: ConversationTrace | None = None) -> None:
+        """``policy``: the current load's policy (None before the controller has spoken); ``trace``:
+        the session's conversation trace (``app.live.answer_lst``)."""
         self.host, self.responder, self.turns, self.clock = host, responder, turns, clock
         self.make_pacer, self.lst, self.observer, self._policy = make_pacer, lst, observer, policy
+        self.trace = trace
+        self._interval: float | None = None  # the pace's interval at the last answer's end (it glides on)
         self._response_task: asyncio.Task[None] | None = None
         self._pacer: Pacer | None = None  # the pacer of the answer now being shown
         # words heard since the last answered turn, and a prefetched response
@@ -116,11 +121,18 @@ class Responses:
         gate = asyncio.Event()
         task = self.host.spawn(self._respond(text, pts, self._turn_utterance(), gate), Stage.RESPONSE_PREFETCH)
         self._prefetch = (task, gate, pts, text)
+        self._count_prefetch(wasted=False)
 
     def _drop_prefetch(self) -> None:
         if self._prefetch is not None:
             self._prefetch[0].cancel()
             self._prefetch = None
+            self._count_prefetch(wasted=True)
+
+    def _count_prefetch(self, wasted: bool) -> None:
+        """LST v3 reports the prefetch waste: requests sent at a pause, then discarded."""
+        if self.lst is not None:
+            self.lst.prefetch(wasted=wasted)
 
     def _end_turn(self, pts: float) -> None:
         """The turn is over: release the prefetched answer or start one, once its words are heard
@@ -133,6 +145,7 @@ class Responses:
         else:
             if prefetch is not None:
                 prefetch[0].cancel()
+                self._count_prefetch(wasted=True)
             if not self._heard_until(pts):
                 self._unanswered_end = pts
                 return
@@ -161,36 +174,41 @@ class Responses:
         """
         policy = self._policy() or _level0_policy()
         speech_end = self.clock.wall_of(speech_end_pts)
-        pacer = self.make_pacer(policy) if self.make_pacer else None
-        request = time.monotonic()  # the responder's request goes out with the first pull below
-        since = speech_end if speech_end is not None else request
+        pacer = (self.make_pacer or TokenPacer)(policy)
+        pacer.continue_from(self._interval)  # a new rate glides from the last answer's (alignment.pacing)
+        since = speech_end if speech_end is not None else time.monotonic()
+        metered = MeteredAnswer(self.responder, policy, self.lst, self.trace, utterance, speech_end)
+        reason: AnswerEnd | None = AnswerEnd.BARGE_IN if gate is None else None  # if cancelled
 
         async def released() -> AsyncIterator[str]:
-            async for raw in self.responder.tokens(text, policy):
+            nonlocal reason
+            async for word in metered.words(text):
                 if gate is not None and not gate.is_set():
                     await gate.wait()
+                reason = AnswerEnd.BARGE_IN  # shown from now on: a cancel cuts the answer short
                 self._pacer = pacer  # the answer now being shown follows load changes
-                yield raw
+                yield word
 
         try:
-            first = True
-            async for tok in (pacer or TokenPacer(policy)).pace(released()):
-                timing = None
-                if self.lst is not None:
-                    if first:  # only now: an answer still streaming before this one keeps its own ITLs
-                        self.lst.begin_response(request, speech_end)
-                    timing = self.lst.token(tok.emitted)
+            async for tok in pacer.pace(released()):
+                # the first word's LST timing only now: an answer still streaming keeps its own ITLs
+                timing = metered.shown(tok)
+                if timing is not None:
                     self.observer.response_token(timing)
-                first = False
-                self.host.emit(ResponseEvent(utterance, tok.index, tok.text, (tok.emitted - since) * 1000, timing))
-            if self.lst is not None and not first:
-                self.lst.response_end()
+                self.host.emit(ResponseEvent(utterance, tok.index, tok.text, (tok.emitted - since) * 1000, timing,
+                                             completion=metered.times.completion_id if tok.index == 0 else None))
+            reason = metered.reason(pacer.policy.max_tokens)
+            metered.end(reason)
+            if self.lst is not None and metered.delivered:
                 self.host.emit(LSTEvent(self.lst.snapshot()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001
+            reason = AnswerEnd.ERROR
             self.host.fail_stage(Stage.RESPONSE, exc)
         finally:
+            metered.end(reason)
+            self._interval = pacer.interval_s
             if self._pacer is pacer:
                 self._pacer = None
 
