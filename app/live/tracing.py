@@ -107,13 +107,14 @@ class Tracing:
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "synchrony"})
         self.provider = TracerProvider(resource=resource)  # the sampler: OTEL_TRACES_SAMPLER
         size = max_queue or int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or MAX_QUEUE)
-        self.queue = BoundedSpanQueue(exporter or OTLPSpanExporter(), size)
+        processor = type("BoundedSpanProcessor", (BoundedSpanQueue, SpanProcessor), {})  # the SDK's hooks
+        self.queue: BoundedSpanQueue = processor(exporter or OTLPSpanExporter(), size)
         self.provider.add_span_processor(self.queue)
         self.tracer = self.provider.get_tracer("synchrony")
         self._trace = trace

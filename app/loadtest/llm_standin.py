@@ -42,6 +42,7 @@ class StandInAnswer:
     tool_text: tuple[str, ...]
     finish_reason: str
     completed: bool
+    traceparent: str | None = None  # the request's W3C trace context, when it carried one
 
 
 @dataclass(frozen=True)
@@ -97,14 +98,14 @@ class StandInLLM:
                 return await _error(writer, 400, f"bad request: {exc}")
             self.requests += 1
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            await self._stream(writer, plan, user, arrived, usage)
+            await self._stream(writer, plan, user, arrived, usage, headers.get("traceparent"))
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()
 
     async def _stream(self, writer: asyncio.StreamWriter, plan: _Plan, user: str, arrived: float,
-                      usage: bool) -> None:
+                      usage: bool, traceparent: str | None = None) -> None:
         """Write the planned chunks on their schedule; log what was meant and what was written."""
         cid = f"chatcmpl-standin-{next(_IDS)}"
         sent: list[str] = []
@@ -130,7 +131,8 @@ class StandInLLM:
             completed = True
         finally:
             self.log.append(StandInAnswer(cid, user, "".join(plan.pieces), "".join(sent),
-                                          tuple(x for x in plan.tool if x), plan.finish_reason, completed))
+                                          tuple(x for x in plan.tool if x), plan.finish_reason, completed,
+                                          traceparent))
 
 
 def _reply(body: Any) -> list[str]:
