@@ -230,6 +230,10 @@ class LSTMeter:
         with self._lock:
             return [v * 1e3 for v in self._turn_s]
 
+    def holds_ms(self) -> list[float]:
+        with self._lock:
+            return [v * 1e3 for v in self._hold_s]
+
     def jitter_ms(self) -> float | None:
         """The worst σ8 of the stream so far, in ms (see the module docstring); None under 2 ITLs."""
         with self._lock:
@@ -285,6 +289,7 @@ class LSTAggregate:
         self._meters: dict[str, LSTMeter] = {}
         self._retired_ttft_ms: deque[float] = deque(maxlen=history)
         self._retired_turn_ms: deque[float] = deque(maxlen=history)
+        self._retired_hold_ms: deque[float] = deque(maxlen=history)
         self._retired_jitter_ms: deque[float] = deque(maxlen=closed_sessions)
         self._retired_itl_max_ms: float | None = None
         self._retired_sessions = 0
@@ -307,6 +312,7 @@ class LSTAggregate:
             snap = m.snapshot()
             self._retired_ttft_ms.extend(m.ttfts_ms())
             self._retired_turn_ms.extend(m.turns_ms())
+            self._retired_hold_ms.extend(m.holds_ms())
             if snap["jitter_ms"] is not None:
                 self._retired_jitter_ms.append(snap["jitter_ms"])
             if snap["itl_ms_max"] is not None:
@@ -319,6 +325,7 @@ class LSTAggregate:
             meters = dict(self._meters)
             ttfts = list(self._retired_ttft_ms)
             turns = list(self._retired_turn_ms)
+            holds = list(self._retired_hold_ms)
             jitters = list(self._retired_jitter_ms)
             itl_max = self._retired_itl_max_ms
             retired = self._retired_sessions
@@ -331,6 +338,7 @@ class LSTAggregate:
             sessions[sid] = snap
             ttfts.extend(m.ttfts_ms())
             turns.extend(m.turns_ms())
+            holds.extend(m.holds_ms())
             if snap["itl_ms_max"] is not None:
                 itl_max = max(itl_max or 0.0, snap["itl_ms_max"])
             if snap["jitter_ms"] is not None:
@@ -349,6 +357,8 @@ class LSTAggregate:
             "closed_sessions": retired,
             "ttft_samples": len(ttfts),
             "turn_samples": len(turns),
+            "hold_ms_p50": round_or_none(percentile(holds, 50), 3),
+            "hold_ms_p99": round_or_none(percentile(holds, 99), 3),
             **_waste_and_integrity(*counts),
             "per_session": sessions,
         }
