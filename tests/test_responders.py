@@ -165,3 +165,11 @@ def test_unknown_responder_and_bad_url():
         make_responder("gpt-telepathy")
     with pytest.raises(ValueError, match="http"):
         OpenAIResponder(base_url="127.0.0.1:8000")
+
+
+def test_warm_up_runs_the_answer_path_against_a_local_dummy():
+    """Warm-up's answer (app/live/warm_answer.py): both responder kinds, whole words, no operator LLM."""
+    from app.live.warm_answer import warm_answer
+
+    assert warm_answer("openai") == 5  # "Warm" + "ing" assembled: "Warming up the answer path."
+    assert warm_answer("caption") == 5
