@@ -16,7 +16,7 @@ import time
 
 from alignment.lst import LSTMeter
 from alignment.pacing import TokenPacer
-from alignment.types import AnswerEnd, TokenRatePolicy
+from alignment.types import TokenRatePolicy
 from app.live.answer_lst import MeteredAnswer
 from app.live.events import LSTEvent, ResponseEvent
 

@@ -152,7 +152,6 @@ def _warm_sync(state: WarmState) -> None:
 
 def _warm_response(config: ServerConfig, state: WarmState) -> None:
     from alignment.pacing import TokenPacer
-
     from app.live.warm_answer import warm_answer
 
     make_responder = pipeline.responders(config.responder, config.llm_url)
