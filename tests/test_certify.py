@@ -186,3 +186,25 @@ def test_v3_verdict_carries_seq_integrity_per_cell():
     assert v["lst_version"] == 3 and v["seq_answers"] == 2 and v["seq_integrity"] == 0.5
     assert v["by_cell"]["openai / tool calls / clean"]["seq_integrity"] == 1.0
     assert v["by_cell"]["openai / truncation / clean"]["seq_integrity"] == 0.0
+
+
+def test_v3_samples_judge_itl_at_the_peer_ttft_at_the_server_and_seq_against_the_log():
+    from types import SimpleNamespace
+
+    from app.loadtest.cells import samples_v3
+    from app.loadtest.llm_standin import StandInAnswer
+
+    log = [StandInAnswer("c1", "hi", "Sure, synchrony.", "Sure, synchrony.", (), "stop", True),
+           StandInAnswer("c2", "umbrella", "", "", ("get_weather", "{}"), "tool_calls", True)]
+    msgs = [(10.00, {"type": "response", "utterance": 0, "index": 0, "text": "Sure,", "ttft_ms": 80.0,
+                     "turn_ms": 300.0, "hold_ms": 120.0, "ms_after_utterance": 300.0, "completion": "c1"}),
+            (10.09, {"type": "response", "utterance": 0, "index": 1, "text": "synchrony.", "itl_ms": 83.3})]
+    events = [SimpleNamespace(wall=w, message=m) for w, m in msgs]
+    got = samples_v3(events, 0.0, lambda t: ("plain", "plain"), "clean", "openai", "s", cold_until=5.0, log=log)
+    by = {s["kind"]: s for s in got}
+    assert by["ttft"]["ms"] == 80.0 and by["ttft"]["hold_ms"] == 120.0 and by["ttft"]["context"] == "plain"
+    assert by["itl"]["ms"] == pytest.approx(90.0) and by["server_itl"]["ms"] == 83.3  # the peer's gap is judged
+    seq = [s for s in got if s["kind"] == "seq"]
+    assert len(seq) == 2 and all(s["kept"] for s in seq)  # the answer, and the tool-only one (nothing shown)
+    cold = samples_v3(events, 0.0, lambda t: ("plain", "plain"), "clean", "openai", "s", cold_until=60.0, log=None)
+    assert {s["context"] for s in cold} == {"cold start"} and not [s for s in cold if s["kind"] == "seq"]
