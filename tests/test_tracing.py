@@ -17,6 +17,7 @@ from app.live import tracing
 from app.live.answer_lst import ConversationTrace, MeteredAnswer
 from app.loadtest.llm_standin import StandInLLM
 from models.responders import OpenAIResponder
+from tests.live_fixtures import live_stages  # noqa: F401 - pytest fixture
 
 WHIP_TRACE = "0af7651916cd43dd8448eb211c80319c"
 WHIP_PARENT = f"00-{WHIP_TRACE}-b7ad6b7169203331-01"
@@ -160,3 +161,37 @@ def test_a_collector_that_is_down_costs_only_dropped_spans(monkeypatch):
     finally:
         tr.shutdown()
     assert tr.queue.exported == 0
+
+
+async def test_a_live_conversation_yields_a_trace_whose_turn_names_its_children(collector, live_stages, av_clip):  # noqa: F811
+    """A real peer speaks one sentence over WebRTC to a live server (OpenAI stand-in responder) with
+    OTEL_EXPORTER_OTLP_ENDPOINT set; the loopback collector gets the session's trace."""
+    import dataclasses
+
+    from app.live.server import ServerConfig, create_app, running_server
+    from app.loadtest.peer import WhipPeer
+
+    llm = await StandInLLM(ttft_s=0.08).start()
+    stages = dataclasses.replace(live_stages, make_responder=lambda: OpenAIResponder(base_url=llm.base_url))
+    app = create_app(ServerConfig(ui=False, output_delay_s=0.9), stages=stages)
+    try:
+        async with running_server(app) as base:
+            peer = WhipPeer(f"{base}/whip", av_clip, traceparent=WHIP_PARENT)
+            await peer.connect()
+            try:
+                await peer.wait_for("lst", lambda m: True, timeout=60)  # one whole answer
+            finally:
+                await peer.close()
+    finally:
+        await llm.stop()
+    # the server's shutdown flushed and closed the exporter (tracing.shutdown in the lifespan)
+    names = [s.name for _, s in collector.spans]
+    assert "session" in names and "turn" in names and "llm" in names, names
+    assert all(s.trace_id.hex() == WHIP_TRACE for _, s in collector.spans)
+    by_id = {s.span_id: s for _, s in collector.spans}
+    turn = next(s for _, s in collector.spans if s.name == "turn")
+    children = {s.name for _, s in collector.spans if s.parent_span_id == turn.span_id}
+    assert "llm" in children, children
+    assert by_id[turn.parent_span_id].name == "session"
+    assert llm.log[0].traceparent.split("-")[1] == WHIP_TRACE
+    print(f"spans {sorted(names)}; the turn's children {sorted(children)}")

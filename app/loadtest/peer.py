@@ -187,10 +187,13 @@ class WhipPeer:
         audio: np.ndarray | None = None,
         frames: list[np.ndarray] | None = None,
         fps: float | None = None,
+        traceparent: str | None = None,
     ) -> None:
-        """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``."""
+        """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``;
+        ``traceparent``: a W3C trace context for the WHIP POST (the session's trace joins it)."""
         self.url = url
         self.token = token
+        self.traceparent = traceparent
         audio = clip.audio if clip is not None and audio is None else audio
         frames = clip.frames if clip is not None and frames is None else frames
         fps = clip.fps if clip is not None and fps is None else fps
@@ -236,6 +239,8 @@ class WhipPeer:
         headers = {"Content-Type": "application/sdp"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        if self.traceparent:
+            headers["traceparent"] = self.traceparent
         async with httpx.AsyncClient(timeout=timeout, verify=_tls_context()) as client:
             resp = await client.post(self.url, content=self.pc.localDescription.sdp, headers=headers)
         if resp.status_code != 201:
