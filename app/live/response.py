@@ -208,7 +208,8 @@ class Responses:
             self.host.fail_stage(Stage.RESPONSE, exc)
         finally:
             metered.end(reason)
-            self._interval = pacer.interval_s
+            if metered.delivered:  # a discarded prefetch paced nothing: the glide goes on from the last answer
+                self._interval = pacer.interval_s
             if self._pacer is pacer:
                 self._pacer = None
 
