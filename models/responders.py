@@ -69,9 +69,10 @@ class Responder(ABC):
     #: Worth requesting before the user's turn is surely over (app/live/turns.py): a responder with a
     #: network TTFT overlaps it with the rest of the silence; an instant one gains nothing.
     prefetch: bool = False
-    #: Tokens are raw text pieces that join by concatenation ("synchron", "y", " world"); False: each
-    #: token is one whole word (``alignment.seq.words_of`` assembles pieces into words).
-    pieces: bool = False
+    #: Tokens are whole words without the spaces between them (joined with a space to be read); False:
+    #: raw text pieces that join by concatenation ("synchron", "y", " world"), assembled into words on
+    #: the delivery path (``alignment.seq.words_of``).
+    word_tokens: bool = False
     model: str = ""
 
     @abstractmethod
@@ -93,6 +94,7 @@ class CaptionResponder(Responder):
     """Streams the recognised transcript back as live captions, one word per token."""
 
     name = "caption"
+    word_tokens = True
 
     async def tokens(self, utterance: str, policy: TokenRatePolicy, times: RequestTimes | None = None,
                      headers: Mapping[str, str] | None = None) -> AsyncIterator[str]:
@@ -113,7 +115,6 @@ class OpenAIResponder(Responder):
 
     name = "openai"
     prefetch = True
-    pieces = True
 
     def __init__(
         self,

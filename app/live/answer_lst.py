@@ -72,11 +72,13 @@ class MeteredAnswer:
         self.verdict: SeqVerdict | None = None
         self._ended = False
 
-    def words(self, text: str) -> AsyncIterator[str]:
-        """The responder's answer to ``text`` as whole words (a split last word withheld)."""
-        raw = self.responder.tokens(text, self.policy, times=self.times, headers=self.llm.headers())
+    def words(self, text: str, **options: object) -> AsyncIterator[str]:
+        """The responder's answer to ``text`` as whole words (a split last word withheld);
+        ``options`` go to ``Responder.tokens`` too (e.g. the conversation's context)."""
+        raw = self.responder.tokens(text, self.policy, times=self.times, headers=self.llm.headers(),
+                                    **options)  # type: ignore[arg-type]
         return words_of(raw, complete=lambda: self.times.finish_reason != "length",
-                        joined=getattr(self.responder, "pieces", False))
+                        joined=not getattr(self.responder, "word_tokens", False))
 
     def shown(self, tok: PacedToken) -> TokenTiming | None:
         """A paced word went to the client: its LST timing (None without a meter)."""
@@ -100,7 +102,7 @@ class MeteredAnswer:
             return
         self._ended = True
         if reason is not None:
-            joiner = "" if getattr(self.responder, "pieces", False) else " "
+            joiner = " " if getattr(self.responder, "word_tokens", False) else ""
             sent = SentAnswer(joiner.join(self.times.content), tuple(self.times.tool_calls))
             self.verdict = check_answer(self.delivered, sent, done=reason is AnswerEnd.DONE)
             if self.lst is not None:
