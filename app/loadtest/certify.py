@@ -206,6 +206,7 @@ async def _one_run(args: argparse.Namespace, out_dir: Path, workload: Workload, 
         print(f"  {responder} / {network}: {args.loops} × {workload.clip.duration:.1f} s ...", flush=True)
         events, t0, session, info = await run_scenario(url, workload, netem_spec(network), args.loops, args.seed + k,
                                                        args.token)
+        info["server_lst"] = await asyncio.to_thread(_server_lst, url, args.token)
     finally:
         if server is not None:
             await asyncio.to_thread(server.stop)
@@ -221,8 +222,24 @@ async def _one_run(args: argparse.Namespace, out_dir: Path, workload: Workload, 
                                             log)
     info = {"responder": responder, **info, "netem": network, "netem_spec": netem_spec(network),
             "samples": len(got), "load_avg": [round(x, 2) for x in os.getloadavg()]}
-    print(f"    {len(got)} samples{'; ' + info['error'] if info['error'] else ''}", flush=True)
+    lst = info.get("server_lst") or {}
+    print(f"    {len(got)} samples; server: turn-hold p99 {lst.get('hold_ms_p99')} ms, prefetch waste "
+          f"{lst.get('prefetch_wasted')} of {lst.get('prefetch_requests')}, own SEQ check {lst.get('seq_integrity')}"
+          f"{'; ' + info['error'] if info['error'] else ''}", flush=True)
     return got, info
+
+
+def _server_lst(url: str, token: str | None) -> dict[str, Any]:
+    """The server's own LST v3 extras after a run: turn-hold, prefetch waste, its SEQ self-check."""
+    from app.loadtest.probe import fetch_lst, lst_url
+
+    try:
+        snap = fetch_lst(lst_url(url), 5.0, token)
+    except ValueError as exc:
+        return {"error": str(exc)[:200]}
+    keys = ("lst_version", "hold_ms_p50", "hold_ms_p99", "prefetch_requests", "prefetch_wasted", "prefetch_waste",
+            "seq_answers", "seq_integrity", "ttft_ms_p99", "tier")
+    return {k: snap.get(k) for k in keys}
 
 
 # --- HTML ---------------------------------------------------------------------------------------
