@@ -5,12 +5,17 @@ emission); the session maps the VAD's end-of-speech pts onto that clock. Figures
 
 Definitions (fixed here so tests, dashboards and certification reports agree; docs/LST.md):
 
-* **LST TTFT** (the standard's): the responder request was sent → the first response token was
-  emitted. ``ttft_ms_p99`` is its p99: linear interpolation between order statistics
-  (``numpy.percentile`` default) over the last ``history`` responses.
+* **LST TTFT** (the standard's serving chain, v3): the request's first byte written → the first
+  content delta read from the responder (a built-in responder: its first token produced).
+  ``ttft_ms_p99`` is its p99: linear interpolation between order statistics (``numpy.percentile``
+  default) over the last ``history`` responses.
 * **turn latency** (the user's): the end of the user's speech (VAD end of speech) → the first
-  response token. It includes deciding that the turn ended, the final decode and the request's own
-  TTFT. Reported (p50/p95/p99) beside the LST figures, never judged by the tiers.
+  response token emitted. It holds the turn decision, the final decode, the TTFT and the
+  **turn-hold** (a prefetched answer's first token waiting for the turn to end; ``hold_ms``).
+  Reported (p50/p95/p99) beside the LST figures, never judged by the tiers.
+* **prefetch waste**: requests sent at a pause and then discarded (the user went on speaking).
+* **SEQ-Integrity**: the share of answers whose delivered words keep every rule of
+  ``alignment.seq`` (in order, none twice or skipped, a word-boundary prefix, no tool-call text).
 * **ITL**: interval between consecutive tokens of one response (never across responses).
 * **jitter σ8**: population standard deviation (ddof=0) of 8 consecutive ITLs of the stream (a
   window may span responses, as the standard's sliding window does). ``jitter_ms`` is the *worst*
@@ -42,9 +47,10 @@ TIERS: tuple[tuple[str, float, float], ...] = (
 )
 TIER_NAMES = ("none", "bronze", "silver", "gold")  # worst first: index = rank
 JITTER_WINDOW = 8
-#: Version of the figures' definitions in ``lst`` events and /metrics/lst (1: TTFT from the end of
-#: speech, jitter over the last 8 ITLs only; 2: the definitions above).
-LST_VERSION = 2
+#: Version of the figures' definitions in ``lst`` events, /metrics/lst and certificates (1: TTFT from
+#: the end of speech, jitter over the last 8 ITLs only; 2: TTFT from the request going out, holding
+#: a prefetched answer's turn-hold; 3: the definitions above).
+LST_VERSION = 3
 
 
 def tier_for(ttft_ms_p99: float | None, jitter_ms: float | None) -> str:
@@ -83,14 +89,17 @@ def worst_sigma(itls: Sequence[float], window: int = JITTER_WINDOW) -> float | N
     return float(np.std(windows, axis=1).max())
 
 
-def judge_samples(ttft_ms: Sequence[float], itl_ms_streams: Sequence[Sequence[float]]) -> dict:
+def judge_samples(ttft_ms: Sequence[float], itl_ms_streams: Sequence[Sequence[float]],
+                  version: int = LST_VERSION) -> dict:
     """The verdict on raw samples, by the meter's definitions: LST TTFT p99 over every response,
-    worst σ8 over each stream's ITLs (one stream = one session's ITLs in emission order), tier."""
+    worst σ8 over each stream's ITLs (one stream = one session's ITLs in emission order), tier.
+    ``version``: the definitions the samples were taken under (v2 and v3 judge them alike; what
+    differs is where their TTFT starts), stamped into the verdict."""
     p99 = percentile(ttft_ms, 99)
     sigmas = [s for s in (worst_sigma(list(stream)) for stream in itl_ms_streams) if s is not None]
     jitter = max(sigmas) if sigmas else None
     itl_max = max((max(stream) for stream in itl_ms_streams if len(stream)), default=None)
-    return {"lst_version": LST_VERSION, "ttft_ms_p99": round_or_none(p99, 3), "jitter_ms": round_or_none(jitter, 3),
+    return {"lst_version": version, "ttft_ms_p99": round_or_none(p99, 3), "jitter_ms": round_or_none(jitter, 3),
             "itl_ms_max": round_or_none(itl_max, 3),
             "responses": len(ttft_ms), "intervals": sum(len(s) for s in itl_ms_streams),
             "tier": tier_for(p99, jitter)}
@@ -99,11 +108,13 @@ def judge_samples(ttft_ms: Sequence[float], itl_ms_streams: Sequence[Sequence[fl
 @dataclass(frozen=True)
 class TokenTiming:
     """What one emitted token measured (s): the first of a response has ``ttft_s`` (and ``turn_s``
-    when the end of speech is known); later ones have ``itl_s``."""
+    when the end of speech is known, ``hold_s``: its first content read → emitted); later ones
+    have ``itl_s``."""
 
     ttft_s: float | None = None
     turn_s: float | None = None
     itl_s: float | None = None
+    hold_s: float | None = None
 
 
 
@@ -116,6 +127,13 @@ def _latency_percentiles(ttft_ms: Sequence[float], turn_ms: Sequence[float]) -> 
         "turn_ms_p95": round_or_none(percentile(turn_ms, 95), 3),
         "turn_ms_p99": round_or_none(percentile(turn_ms, 99), 3),
     }
+
+def _waste_and_integrity(sent: int, wasted: int, answers: int, kept: int) -> dict[str, float | int | None]:
+    """Prefetch waste (discarded / sent) and SEQ-Integrity (kept / answers), with their counts."""
+    return {"prefetch_requests": sent, "prefetch_wasted": wasted,
+            "prefetch_waste": round(wasted / sent, 4) if sent else None,
+            "seq_answers": answers, "seq_integrity": round(kept / answers, 4) if answers else None}
+
 
 class LSTMeter:
     """One session's token-stream meter: ``begin_response`` then ``token`` for each emission."""
@@ -132,18 +150,39 @@ class LSTMeter:
         self._early_itl_s: list[float] = []  # the stream's first ITLs, until a full window exists
         self._worst_sigma_s: float | None = None
         self._itl_max_s: float | None = None
-        self._pending: tuple[float, float | None] | None = None  # (request, end of speech)
+        self._pending: tuple[float, float | None, float | None] | None = None  # (request, speech end, first read)
         self._last_token: float | None = None
+        self._hold_s: deque[float] = deque(maxlen=history)
         self.tokens = 0
         self.responses = 0
         self.intervals = 0
+        self.prefetch_sent = 0  # requests sent at a pause, before the turn was surely over
+        self.prefetch_wasted = 0  # … of them discarded (the user went on speaking)
+        self.seq_answers = 0  # answers judged for SEQ-Integrity (alignment.seq)
+        self.seq_kept = 0  # … that kept every rule
 
-    def begin_response(self, request_t: float, speech_end_t: float | None = None) -> None:
-        """The responder request went out at ``request_t`` for a turn whose speech ended at
-        ``speech_end_t``: the next token is this response's first."""
+    def begin_response(self, request_t: float, speech_end_t: float | None = None,
+                       first_content_t: float | None = None) -> None:
+        """The responder's request was written at ``request_t`` for a turn whose speech ended at
+        ``speech_end_t``, and its first content was read at ``first_content_t`` (None: at the first
+        token's emission): the next token is this response's first."""
         with self._lock:
-            self._pending = (request_t, speech_end_t)
+            self._pending = (request_t, speech_end_t, first_content_t)
             self._last_token = None
+
+    def prefetch(self, wasted: bool = False) -> None:
+        """A request sent at a pause (``wasted=False``), or one of them discarded (``wasted=True``)."""
+        with self._lock:
+            if wasted:
+                self.prefetch_wasted += 1
+            else:
+                self.prefetch_sent += 1
+
+    def answer_integrity(self, kept: bool) -> None:
+        """One answer's SEQ-Integrity verdict (``alignment.seq.check_answer``)."""
+        with self._lock:
+            self.seq_answers += 1
+            self.seq_kept += bool(kept)
 
     def token(self, t: float) -> TokenTiming:
         """A response token was emitted at ``t``; returns what it measured."""
@@ -151,10 +190,13 @@ class LSTMeter:
             self.tokens += 1
             timing = TokenTiming()
             if self._pending is not None:
-                request_t, speech_end_t = self._pending
+                request_t, speech_end_t, first_t = self._pending
                 self._pending = None
-                timing = TokenTiming(ttft_s=t - request_t, turn_s=None if speech_end_t is None else t - speech_end_t)
+                first_t = t if first_t is None else first_t
+                timing = TokenTiming(ttft_s=first_t - request_t, hold_s=t - first_t,
+                                     turn_s=None if speech_end_t is None else t - speech_end_t)
                 self._ttft_s.append(timing.ttft_s)  # type: ignore[arg-type]
+                self._hold_s.append(timing.hold_s)  # type: ignore[arg-type]
                 if timing.turn_s is not None:
                     self._turn_s.append(timing.turn_s)
                 self.responses += 1
@@ -188,6 +230,10 @@ class LSTMeter:
         with self._lock:
             return [v * 1e3 for v in self._turn_s]
 
+    def holds_ms(self) -> list[float]:
+        with self._lock:
+            return [v * 1e3 for v in self._hold_s]
+
     def jitter_ms(self) -> float | None:
         """The worst σ8 of the stream so far, in ms (see the module docstring); None under 2 ITLs."""
         with self._lock:
@@ -219,7 +265,15 @@ class LSTMeter:
                 "tokens": self.tokens,
                 "responses": self.responses,
                 "intervals": self.intervals,
+                "hold_ms_p50": round_or_none(percentile((v * 1e3 for v in self._hold_s), 50), 3),
+                "hold_ms_p99": round_or_none(percentile((v * 1e3 for v in self._hold_s), 99), 3),
+                **_waste_and_integrity(self.prefetch_sent, self.prefetch_wasted, self.seq_answers, self.seq_kept),
             }
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(prefetch sent, prefetch wasted, SEQ answers, SEQ kept), for pooling."""
+        with self._lock:
+            return self.prefetch_sent, self.prefetch_wasted, self.seq_answers, self.seq_kept
 
 
 class LSTAggregate:
@@ -235,9 +289,11 @@ class LSTAggregate:
         self._meters: dict[str, LSTMeter] = {}
         self._retired_ttft_ms: deque[float] = deque(maxlen=history)
         self._retired_turn_ms: deque[float] = deque(maxlen=history)
+        self._retired_hold_ms: deque[float] = deque(maxlen=history)
         self._retired_jitter_ms: deque[float] = deque(maxlen=closed_sessions)
         self._retired_itl_max_ms: float | None = None
         self._retired_sessions = 0
+        self._retired_counts = (0, 0, 0, 0)  # prefetch sent, wasted, SEQ answers, kept (LSTMeter.counts)
 
     def meter(self, session_id: str) -> LSTMeter:
         """The session's meter (created on first use)."""
@@ -256,27 +312,33 @@ class LSTAggregate:
             snap = m.snapshot()
             self._retired_ttft_ms.extend(m.ttfts_ms())
             self._retired_turn_ms.extend(m.turns_ms())
+            self._retired_hold_ms.extend(m.holds_ms())
             if snap["jitter_ms"] is not None:
                 self._retired_jitter_ms.append(snap["jitter_ms"])
             if snap["itl_ms_max"] is not None:
                 self._retired_itl_max_ms = max(self._retired_itl_max_ms or 0.0, snap["itl_ms_max"])
             self._retired_sessions += 1
+            self._retired_counts = tuple(a + b for a, b in zip(self._retired_counts, m.counts(), strict=True))
 
     def snapshot(self) -> dict:
         with self._lock:
             meters = dict(self._meters)
             ttfts = list(self._retired_ttft_ms)
             turns = list(self._retired_turn_ms)
+            holds = list(self._retired_hold_ms)
             jitters = list(self._retired_jitter_ms)
             itl_max = self._retired_itl_max_ms
             retired = self._retired_sessions
+            counts = self._retired_counts
         sessions = {}
         live_jitters = []
         for sid, m in meters.items():
+            counts = tuple(a + b for a, b in zip(counts, m.counts(), strict=True))
             snap = m.snapshot()
             sessions[sid] = snap
             ttfts.extend(m.ttfts_ms())
             turns.extend(m.turns_ms())
+            holds.extend(m.holds_ms())
             if snap["itl_ms_max"] is not None:
                 itl_max = max(itl_max or 0.0, snap["itl_ms_max"])
             if snap["jitter_ms"] is not None:
@@ -295,5 +357,8 @@ class LSTAggregate:
             "closed_sessions": retired,
             "ttft_samples": len(ttfts),
             "turn_samples": len(turns),
+            "hold_ms_p50": round_or_none(percentile(holds, 50), 3),
+            "hold_ms_p99": round_or_none(percentile(holds, 99), 3),
+            **_waste_and_integrity(*counts),
             "per_session": sessions,
         }

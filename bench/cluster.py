@@ -125,7 +125,7 @@ def single_phase(per_node: int, duration_s: float, cores: set[int] | None, out: 
 
 def _brief(agg: dict[str, Any]) -> dict[str, Any]:
     return {k: agg.get(k) for k in ("peers", "connected", "latency_ms_p50", "latency_ms_p95", "level3_pass_rate",
-                                    "recall", "ttft_ms_p50")}
+                                    "recall", "turn_ms_p50")}
 
 
 async def cluster_phases(args: argparse.Namespace, out: dict[str, Any]) -> bool:

@@ -1,9 +1,11 @@
 """Responders: what the session says back, as text tokens, behind one interface.
 
-``Responder.tokens(utterance, policy, context=None)`` yields raw tokens (at most ``policy.max_tokens``)
-as fast as they come; ``Responder.respond(utterance, policy, pacer)`` yields them paced (``PacedToken``)
-at the policy's rate. ``context`` (:class:`Conversation`) holds the earlier turns (what the user said
-and what was delivered of each answer) and the user's load. Three are built in:
+``Responder.tokens(utterance, policy, times=None, headers=None, context=None)`` yields raw tokens (at most
+``policy.max_tokens``) as fast as they come; ``Responder.respond(utterance, policy, pacer)`` yields them paced
+(``PacedToken``) at the policy's rate. A ``RequestTimes`` passed to ``tokens`` records when the request's first
+byte was written, when the first content delta was read (LST TTFT, docs/LST.md), the finish reason and the tool
+calls, which are never yielded as text. ``context`` (:class:`Conversation`) holds the earlier turns (what the user
+said and what was delivered of each answer) and the user's load. Three are built in:
 
 * ``assistant`` (``synchrony serve``'s default): a small rule-based assistant that needs no LLM. It
   answers a greeting, "what can you do", the time, thanks and "repeat that", and otherwise says what
@@ -22,9 +24,11 @@ import datetime
 import json
 import os
 import re
+import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -45,6 +49,34 @@ class ResponderError(RuntimeError):
     """A responder could not produce a response (unreachable server, bad reply, timeout)."""
 
 
+@dataclass
+class RequestTimes:
+    """What one responder request measured, filled in as it streams (times: ``time.monotonic`` s).
+
+    ``sent``: the request's first byte written (a built-in responder: when it was first pulled);
+    ``first``: the first content delta read (built-in: the first token produced); ``content``:
+    every content piece received, the responder's full answer as it arrived; ``tool_calls``: tool
+    names and argument fragments received (never shown as text); ``finish_reason``: the server's,
+    or ``length`` when the responder stopped at ``max_tokens`` itself.
+    """
+
+    sent: float | None = None
+    first: float | None = None
+    last: float | None = None
+    completion_id: str | None = None
+    finish_reason: str | None = None
+    content: list[str] = field(default_factory=list)
+    tool_calls: list[str] = field(default_factory=list)
+    usage: dict[str, int] | None = None
+
+    def got(self, piece: str) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        self.last = now
+        self.content.append(piece)
+
+
 class Responder(ABC):
     """Turns the user's utterance into a stream of text tokens under a token-rate policy."""
 
@@ -52,13 +84,18 @@ class Responder(ABC):
     #: Worth requesting before the user's turn is surely over (app/live/turns.py): a responder with a
     #: network TTFT overlaps it with the rest of the silence; an instant one gains nothing.
     prefetch: bool = False
-    #: Tokens are whole words without the spaces between them (joined with a space to be read).
+    #: Tokens are whole words without the spaces between them (joined with a space to be read); False:
+    #: raw text pieces that join by concatenation ("synchron", "y", " world"), assembled into words on
+    #: the delivery path (``alignment.seq.words_of``).
     word_tokens: bool = False
+    model: str = ""
 
     @abstractmethod
-    def tokens(self, utterance: str, policy: TokenRatePolicy,
+    def tokens(self, utterance: str, policy: TokenRatePolicy, times: RequestTimes | None = None,
+               headers: Mapping[str, str] | None = None,
                context: Conversation | None = None) -> AsyncIterator[str]:
-        """Raw tokens, unpaced, at most ``policy.max_tokens``."""
+        """Raw tokens, unpaced, at most ``policy.max_tokens``; ``times`` is filled in as they come,
+        ``headers`` go on the request (``traceparent``) where there is one."""
 
     async def respond(
         self, utterance: str, policy: TokenRatePolicy, pacer: TokenPacer | None = None
@@ -75,12 +112,19 @@ class CaptionResponder(Responder):
     name = "caption"
     word_tokens = True
 
-    async def tokens(self, utterance: str, policy: TokenRatePolicy,
+    async def tokens(self, utterance: str, policy: TokenRatePolicy, times: RequestTimes | None = None,
+                     headers: Mapping[str, str] | None = None,
                      context: Conversation | None = None) -> AsyncIterator[str]:
-        for i, word in enumerate(utterance.split()):
+        times = times or RequestTimes()
+        times.sent = time.monotonic()
+        words = utterance.split()
+        for i, word in enumerate(words):
             if i >= policy.max_tokens:
+                times.finish_reason = "length"
                 return
+            times.got(word)
             yield word
+        times.finish_reason = "stop"
 
 
 _LOAD_WORDS = ("relaxed", "a little busy", "busy", "overloaded")
@@ -142,12 +186,18 @@ class AssistantResponder(Responder):
             return f"I heard: {quoted.rstrip('.?!')}. You look {_LOAD_WORDS[level]}, so I will keep it short."
         return f"I heard you say: {quoted.rstrip('.?!')}. {_load_remark(level)}"
 
-    async def tokens(self, utterance: str, policy: TokenRatePolicy,
+    async def tokens(self, utterance: str, policy: TokenRatePolicy, times: RequestTimes | None = None,
+                     headers: Mapping[str, str] | None = None,
                      context: Conversation | None = None) -> AsyncIterator[str]:
+        times = times or RequestTimes()
+        times.sent = time.monotonic()
         for i, word in enumerate(self.answer(utterance, context).split()):
             if i >= policy.max_tokens:
+                times.finish_reason = "length"
                 return
+            times.got(word)
             yield word
+        times.finish_reason = "stop"
 
 
 def _load_remark(level: int | None) -> str:
@@ -200,31 +250,39 @@ class OpenAIResponder(Responder):
             "temperature": float(policy.temperature),
         }
 
-    async def tokens(self, utterance: str, policy: TokenRatePolicy,
+    async def tokens(self, utterance: str, policy: TokenRatePolicy, times: RequestTimes | None = None,
+                     headers: Mapping[str, str] | None = None,
                      context: Conversation | None = None) -> AsyncIterator[str]:
         if policy.max_tokens <= 0:
             return
-        headers = {"Accept": "text/event-stream"}
+        times = times or RequestTimes()
+        sent = {"Accept": "text/event-stream", **(headers or {})}
         if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+            sent["Authorization"] = f"Bearer {self.api_key}"
+
+        async def trace(event: str, info: Mapping[str, Any]) -> None:  # httpcore's trace extension
+            if event == "http11.send_request_headers.started" and times.sent is None:
+                times.sent = time.monotonic()  # the request's first byte is about to be written
+
         count = 0
         try:
             async with asyncio.timeout(self.total_timeout_s):
                 async with httpx.AsyncClient(timeout=self.timeout) as client:
-                    async with client.stream(
-                        "POST", self.url, json=self.payload(utterance, policy, context), headers=headers
-                    ) as resp:
+                    async with client.stream("POST", self.url, json=self.payload(utterance, policy, context),
+                                             headers=sent, extensions={"trace": trace}) as resp:
                         if resp.status_code != 200:
                             body = (await resp.aread()).decode("utf-8", "replace")[:200]
                             raise ResponderError(f"{self.url} answered HTTP {resp.status_code}: {body}")
                         async for line in resp.aiter_lines():
-                            text, done = _parse_sse_line(line, self.url)
+                            text, done = _parse_sse_line(line, self.url, times)
                             if done:
                                 return
                             if text:
+                                times.got(text)
                                 yield text
                                 count += 1
                                 if count >= policy.max_tokens:
+                                    times.finish_reason = times.finish_reason or "length"
                                     return
         except TimeoutError:
             raise ResponderError(
@@ -238,8 +296,9 @@ class OpenAIResponder(Responder):
             raise ResponderError(f"HTTP error talking to {self.url}: {exc}") from None
 
 
-def _parse_sse_line(line: str, url: str) -> tuple[str, bool]:
-    """One SSE line → (content text, done). Comments, events without data and role-only deltas → ''."""
+def _parse_sse_line(line: str, url: str, times: RequestTimes | None = None) -> tuple[str, bool]:
+    """One SSE line → (content text, done). Comments, events without data, role-only and tool-call
+    deltas → '' (tool calls, the finish reason, the id and usage go to ``times``, never to text)."""
     line = line.strip()
     if not line.startswith("data:"):
         return "", False
@@ -250,15 +309,25 @@ def _parse_sse_line(line: str, url: str) -> tuple[str, bool]:
         chunk = json.loads(data)
     except json.JSONDecodeError:
         raise ResponderError(f"{url} sent a malformed stream chunk: {data[:80]!r}") from None
+    if not isinstance(chunk, dict):
+        raise ResponderError(f"{url} sent a stream chunk that is not an object: {data[:80]!r}")
     if "error" in chunk:
         raise ResponderError(f"{url} reported an error: {chunk['error']}")
+    times = times if times is not None else RequestTimes()
+    times.completion_id = times.completion_id or chunk.get("id")
+    if isinstance(chunk.get("usage"), dict):
+        times.usage = {k: v for k, v in chunk["usage"].items() if isinstance(v, int)}
     choices = chunk.get("choices") or []
     if not choices:
         return "", False
     choice = choices[0]
+    times.finish_reason = choice.get("finish_reason") or times.finish_reason
     delta = choice.get("delta") or {}
+    for call in delta.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        times.tool_calls += [str(v) for v in (fn.get("name"), fn.get("arguments")) if v]
     text = delta.get("content") or ""
-    return text, False
+    return text if isinstance(text, str) else "", False
 
 
 RESPONDERS: dict[str, type[Responder]] = {"assistant": AssistantResponder, "caption": CaptionResponder,

@@ -153,3 +153,58 @@ def test_workload_clip_marks_each_turn_end():
     w = workload_clip(QUICK_TURNS)
     assert len(w.speech_ends) == 2 and 0.6 < w.speech_ends[0] < w.speech_ends[1] < w.clip.duration
     assert len(w.clip.frames) == int(w.clip.duration * 25)
+
+
+def test_a_v2_certificate_still_verifies_by_v2_rules():
+    """tests/data/lst_v2_certificate.json was signed by the v2 code; verify judges it by v2's rules."""
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    rep = json.loads((data / "lst_v2_certificate.json").read_text())
+    public = certificate.load_public_key(data / "lst_v2_certificate.pub")
+    assert certificate.version_of(rep) == 2
+    assert certificate.verify_report(rep, public).ok
+    assert certificate.canonical(certificate.verdict_of(rep["samples"], 2)) == certificate.canonical(rep["verdict"])
+    assert certificate.verdict_of(rep["samples"])["lst_version"] == 3  # today's rules differ: v2 is kept apart
+    bad = copy.deepcopy(rep)
+    bad["samples"][0]["ms"] += 1.0
+    assert not certificate.verify_report(bad, public).ok
+
+
+def test_v3_verdict_carries_seq_integrity_per_cell():
+    samples = [
+        {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "ttft",
+         "ms": 90.0, "turn_ms": 300.0},
+        {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "itl",
+         "ms": 83.0},
+        {"scenario": "clean", "responder": "openai", "context": "tool calls", "session": "s", "kind": "seq",
+         "kept": True},
+        {"scenario": "clean", "responder": "openai", "context": "truncation", "session": "s", "kind": "seq",
+         "kept": False},
+    ]
+    v = certificate.verdict_of(samples, 3)
+    assert v["lst_version"] == 3 and v["seq_answers"] == 2 and v["seq_integrity"] == 0.5
+    assert v["by_cell"]["openai / tool calls / clean"]["seq_integrity"] == 1.0
+    assert v["by_cell"]["openai / truncation / clean"]["seq_integrity"] == 0.0
+
+
+def test_v3_samples_judge_itl_at_the_peer_ttft_at_the_server_and_seq_against_the_log():
+    from types import SimpleNamespace
+
+    from app.loadtest.cells import samples_v3
+    from app.loadtest.llm_standin import StandInAnswer
+
+    log = [StandInAnswer("c1", "hi", "Sure, synchrony.", "Sure, synchrony.", (), "stop", True),
+           StandInAnswer("c2", "umbrella", "", "", ("get_weather", "{}"), "tool_calls", True)]
+    msgs = [(10.00, {"type": "response", "utterance": 0, "index": 0, "text": "Sure,", "ttft_ms": 80.0,
+                     "turn_ms": 300.0, "hold_ms": 120.0, "ms_after_utterance": 300.0, "completion": "c1"}),
+            (10.09, {"type": "response", "utterance": 0, "index": 1, "text": "synchrony.", "itl_ms": 83.3})]
+    events = [SimpleNamespace(wall=w, message=m) for w, m in msgs]
+    got = samples_v3(events, 0.0, lambda t: ("plain", "plain"), "clean", "openai", "s", cold_until=5.0, log=log)
+    by = {s["kind"]: s for s in got}
+    assert by["ttft"]["ms"] == 80.0 and by["ttft"]["hold_ms"] == 120.0 and by["ttft"]["context"] == "plain"
+    assert by["itl"]["ms"] == pytest.approx(90.0) and by["server_itl"]["ms"] == 83.3  # the peer's gap is judged
+    seq = [s for s in got if s["kind"] == "seq"]
+    assert len(seq) == 2 and all(s["kept"] for s in seq)  # the answer, and the tool-only one (nothing shown)
+    cold = samples_v3(events, 0.0, lambda t: ("plain", "plain"), "clean", "openai", "s", cold_until=60.0, log=None)
+    assert {s["context"] for s in cold} == {"cold start"} and not [s for s in cold if s["kind"] == "seq"]

@@ -78,16 +78,16 @@ def test_match_tokens_recovers_latency_lag_and_misses(loop_clip):
     assert s2["recall"] > summary["recall"] and s2["recall_text"] == summary["recall_text"]
 
 
-def test_ttft_itl_and_jitter():
+def test_client_turn_latency_itl_and_jitter():
     truth = lm.ClipTruth((lm.TruthWord("hi", 0.5, 1.0),), (), 4.0, 0.0)
     # Utterance 0 ends at 1.0 s: first response 150 ms later, then tokens 100 ms apart with one 40 ms wobble.
     arrivals = [1.15 + 0.1 * i for i in range(10)]
     arrivals[5] += 0.04
     responses = [(t, {"type": "response", "utterance": 0, "index": i}) for i, t in enumerate(arrivals)]
     responses += [(5.2, {"type": "response", "utterance": 1, "index": 0})]  # utterance 1 ends at 5.0
-    got = lm.ttft_and_itl(truth, responses, until_s=8.0)
+    got = lm.turn_latency_and_itl(truth, responses, until_s=8.0)
     assert got["utterances"] == 2
-    assert got["ttft_ms"] == pytest.approx([150.0, 200.0], abs=0.2)
+    assert got["turn_ms"] == pytest.approx([150.0, 200.0], abs=0.2)
     assert got["itl_ms_max"] == pytest.approx(140.0, abs=0.2)
     gaps = np.diff(arrivals)
     assert got["jitter_ms_max"] == pytest.approx(max(np.std(gaps[i - 8 : i]) for i in range(8, 10)) * 1000, abs=0.2)

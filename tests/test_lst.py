@@ -61,7 +61,36 @@ def test_turn_latency_and_lst_ttft_are_separate_figures():
     snap = m.snapshot()
     assert m.ttfts_ms() == pytest.approx([50.0, 40.0]) and m.turns_ms() == pytest.approx([650.0])
     assert snap["turn_ms_p50"] == pytest.approx(650.0) and snap["ttft_ms_p99"] == pytest.approx(40 + 0.99 * 10)
-    assert snap["lst_version"] == 2
+    assert snap["lst_version"] == 3
+
+
+def test_v3_ttft_ends_at_the_first_content_read_and_the_hold_is_turn_latency():
+    """A prefetched answer: request written at 10.2, first delta read at 10.28, held for the turn's
+    end, emitted at 10.45. LST TTFT 80 ms; the 170 ms hold is in the turn latency, and reported."""
+    m = LSTMeter()
+    m.begin_response(request_t=10.2, speech_end_t=10.0, first_content_t=10.28)
+    first = m.token(10.45)
+    assert first.ttft_s == pytest.approx(0.080) and first.hold_s == pytest.approx(0.170)
+    assert first.turn_s == pytest.approx(0.450)
+    snap = m.snapshot()
+    assert snap["ttft_ms_p99"] == pytest.approx(80.0) and snap["hold_ms_p50"] == pytest.approx(170.0)
+    assert snap["turn_ms_p50"] == pytest.approx(450.0)
+
+
+def test_prefetch_waste_and_seq_integrity_are_counted_and_pooled():
+    agg = LSTAggregate()
+    m = agg.meter("a")
+    for wasted in (False, False, True, False):
+        m.prefetch(wasted=wasted)
+    for kept in (True, True, False, True):
+        m.answer_integrity(kept)
+    snap = m.snapshot()
+    assert (snap["prefetch_requests"], snap["prefetch_wasted"], snap["prefetch_waste"]) == (3, 1, round(1 / 3, 4))
+    assert (snap["seq_answers"], snap["seq_integrity"]) == (4, 0.75)
+    agg.meter("b").answer_integrity(True)
+    agg.remove("a")
+    pooled = agg.snapshot()
+    assert (pooled["seq_answers"], pooled["seq_integrity"], pooled["prefetch_wasted"]) == (5, 0.8, 1)
 
 
 def test_p99_linear_interpolation():
@@ -162,3 +191,6 @@ def test_prometheus_exposition_has_pooled_and_per_session_lst():
     assert "synchrony_lst_ttft_p99_seconds 0.04" in text
     assert 'synchrony_lst_session_jitter_seconds{session="s1"}' in text
     assert "synchrony_lst_tier 3.0" in text  # TTFT 40 ms, ITLs 100, 100, 101 ms (σ 0.47 ms): gold
+    m.answer_integrity(True)
+    m.answer_integrity(False)
+    assert "synchrony_lst_seq_integrity 0.5" in metrics.exposition().decode()

@@ -54,8 +54,9 @@ async def test_probe_exit_codes_follow_the_tier(capsys):
         _silver_stream(agg)
         code, out, _ = await _probe(capsys, base + "/whip", "--require", "silver")
         assert code == 0, out
-        assert "LST TTFT p99 (request → first token): 50.0 ms" in out and "tier: silver" in out
-        assert "turn latency (end of speech → first token): p50 650.0 ms" in out
+        assert "LST TTFT p99 (request written → first content read): 50.0 ms" in out and "tier: silver" in out
+        assert "turn latency (end of speech → first token, turn-hold included): p50 650.0 ms" in out
+        assert "definitions v3" in out and "SEQ-Integrity None over 0 answers" in out
         code, out, _ = await _probe_cli(base + "/metrics/lst", "--require", "gold")
         assert code == 1 and "FAIL: tier silver is below the required gold" in out
     code, _, err = await _probe(capsys, base, "--require", "bronze", "--timeout", "2")  # the server is gone

@@ -7,12 +7,14 @@ times, which would make exact wall-clock assertions flaky); real time is checked
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import numpy as np
 import pytest
 
-from alignment.pacing import TokenPacer
+from alignment.lst import worst_sigma
+from alignment.pacing import MAX_STEP_S, TokenPacer
 from alignment.types import TokenRatePolicy
 
 
@@ -34,8 +36,8 @@ class VirtualTime:
         self.now += delay + self.overshoot
         await asyncio.sleep(0)
 
-    def pacer(self, policy: TokenRatePolicy) -> TokenPacer:
-        return TokenPacer(policy, clock=self.clock, sleep=self.sleep)
+    def pacer(self, policy: TokenRatePolicy, **kw) -> TokenPacer:
+        return TokenPacer(policy, clock=self.clock, sleep=self.sleep, **kw)
 
 
 async def test_absolute_deadlines_absorb_wakeup_delay_and_consumer_work():
@@ -52,9 +54,9 @@ async def test_absolute_deadlines_absorb_wakeup_delay_and_consumer_work():
     assert all(abs(t.late_s - 0.002) < 1e-9 for t in out[1:])
 
 
-async def test_rate_change_applies_at_next_token():
+async def test_rate_change_applies_at_next_token_without_a_glide():
     vt = VirtualTime()
-    pacer = vt.pacer(_policy(10.0))
+    pacer = vt.pacer(_policy(10.0), max_step_s=math.inf)
     out = []
     async for tok in pacer.pace(str(i) for i in range(8)):
         out.append(tok)
@@ -123,3 +125,30 @@ def test_bad_policy_is_rejected():
     pacer = TokenPacer(_policy(5.0))
     with pytest.raises(ValueError, match="max_tokens"):
         pacer.set_policy(TokenRatePolicy(5.0, -1, 0.5))
+
+
+async def test_a_load_step_mid_answer_glides_within_gold():
+    """12 → 8 tok/s after token 10: the interval moves by at most MAX_STEP_S a token, so every σ8
+    window stays under Gold's 3 ms (a jump reads ~21 ms), and the next answer starts where it was."""
+    vt = VirtualTime()
+    pacer = vt.pacer(_policy(12.0))
+    out = []
+    async for tok in pacer.pace(str(i) for i in range(60)):
+        out.append(tok.emitted)
+        if tok.index == 10:
+            pacer.set_policy(_policy(8.0))
+    itl = np.diff(out)
+    assert np.abs(np.diff(itl)).max() <= MAX_STEP_S + 1e-9
+    assert worst_sigma(list(itl * 1000)) < 3.0
+    assert itl[-1] == pytest.approx(0.125)  # reached the new rate: 41.7 ms in 35 steps
+    nxt = vt.pacer(_policy(12.0))
+    nxt.continue_from(pacer.interval_s)
+    second = [t.emitted async for t in nxt.pace(str(i) for i in range(5))]
+    assert np.diff(second)[0] == pytest.approx(0.125 - MAX_STEP_S)  # the next answer glides back
+    jump = vt.pacer(_policy(12.0), max_step_s=math.inf)
+    jumped = []
+    async for tok in jump.pace(str(i) for i in range(30)):
+        jumped.append(tok.emitted)
+        if tok.index == 10:
+            jump.set_policy(_policy(8.0))
+    assert worst_sigma(list(np.diff(jumped) * 1000)) > 15.0  # what the glide avoids

@@ -200,5 +200,11 @@ async def test_assistant_answers_simple_intents_and_never_just_echoes():
     assert r.answer("can you repeat that", busy) == "I said: Hello! I can hear and see you."
     heard = r.answer("the report is due before noon", busy)
     assert "the report is due before noon" in heard and "busy" in heard and heard != "the report is due before noon"
-    toks = [t async for t in r.tokens("the report is due before noon", TokenRatePolicy(8.0, 5, 0.5), busy)]
+    toks = [t async for t in r.tokens("the report is due before noon", TokenRatePolicy(8.0, 5, 0.5), context=busy)]
     assert len(toks) == 5 and r.word_tokens
+def test_warm_up_runs_the_answer_path_against_a_local_dummy():
+    """Warm-up's answer (app/live/warm_answer.py): both responder kinds, whole words, no operator LLM."""
+    from app.live.warm_answer import warm_answer
+
+    assert warm_answer("openai") == 5  # "Warm" + "ing" assembled: "Warming up the answer path."
+    assert warm_answer("caption") == 5

@@ -87,13 +87,15 @@ class SyncEvent:
 
 @dataclass(frozen=True)
 class ResponseEvent:
-    """One paced response token; ``timing``: what it measured (None without the LST stage)."""
+    """One paced response word; ``timing``: what it measured (None without the LST stage);
+    ``completion``: on the first word, the responder's completion id (SEQ-Integrity's key)."""
 
     utterance: int
     index: int
     text: str
     ms_after_utterance: float
     timing: TokenTiming | None = None
+    completion: str | None = None
     type: str = "response"
 
     def to_wire(self) -> Wire:
@@ -102,7 +104,10 @@ class ResponseEvent:
         t = self.timing
         if t is not None:
             out.update({k: round(v * 1000, 3) for k, v in (("ttft_ms", t.ttft_s), ("turn_ms", t.turn_s),
-                                                           ("itl_ms", t.itl_s)) if v is not None})
+                                                           ("hold_ms", t.hold_s), ("itl_ms", t.itl_s))
+                        if v is not None})
+        if self.completion is not None:
+            out["completion"] = self.completion
         return out
 
 

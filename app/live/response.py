@@ -25,6 +25,7 @@ from alignment.clock import SessionClock
 from alignment.lst import LSTMeter
 from alignment.pacing import TokenPacer
 from alignment.types import AnswerEnd, AnswerOutcome, AudioChunk, LoadEstimate, TokenRatePolicy, WordToken
+from app.live.answer_lst import ConversationTrace, MeteredAnswer
 from app.live.events import LSTEvent, ResponseEndEvent, ResponseEvent
 from app.live.observe import SessionObserver
 from app.live.stages import Pacer, Responder, Stage, StageHost, attempt
@@ -46,14 +47,16 @@ class Responses:
                  make_pacer: Callable[[TokenRatePolicy], Pacer] | None, lst: LSTMeter | None,
                  observer: SessionObserver, policy: Callable[[], TokenRatePolicy | None],
                  player: AnswerPlayer | None = None, load: Callable[[], LoadEstimate | None] | None = None,
-                 history_turns: int = 8) -> None:
+                 history_turns: int = 8, trace: ConversationTrace | None = None) -> None:
         """``policy``: the current load's policy (None before the controller has spoken); ``load``: the
-        latest load estimate; ``player``: speaks the answers (None: text only)."""
+        latest load estimate; ``player``: speaks the answers (None: text only); ``trace``: the session's
+        conversation trace (``app.live.answer_lst``)."""
         self.host, self.responder, self.turns, self.clock = host, responder, turns, clock
         self.make_pacer, self.lst, self.observer, self._policy = make_pacer, lst, observer, policy
-        self.player, self._load = player, load or (lambda: None)
+        self.player, self._load, self.trace = player, load or (lambda: None), trace
         self.history: deque[tuple[str, str]] = deque(maxlen=max(history_turns, 0))  # (user, delivered answer)
         self._cut: AnswerEnd | None = None  # why the answer now being cancelled ends
+        self._interval: float | None = None  # the pace's interval at the last answer's end (it glides on)
         self._response_task: asyncio.Task[None] | None = None
         self._pacer: Pacer | None = None  # the pacer of the answer now being shown
         # words heard since the last answered turn, and a prefetched response
@@ -134,11 +137,18 @@ class Responses:
         gate = asyncio.Event()
         task = self.host.spawn(self._respond(text, pts, self._turn_utterance(), gate), Stage.RESPONSE_PREFETCH)
         self._prefetch = (task, gate, pts, text)
+        self._count_prefetch(wasted=False)
 
     def _drop_prefetch(self) -> None:
         if self._prefetch is not None:
             self._prefetch[0].cancel()
             self._prefetch = None
+            self._count_prefetch(wasted=True)
+
+    def _count_prefetch(self, wasted: bool) -> None:
+        """LST v3 reports the prefetch waste: requests sent at a pause, then discarded."""
+        if self.lst is not None:
+            self.lst.prefetch(wasted=wasted)
 
     def _end_turn(self, pts: float) -> None:
         """The turn is over: release the prefetched answer or start one, once its words are heard
@@ -151,6 +161,7 @@ class Responses:
         else:
             if prefetch is not None:
                 prefetch[0].cancel()
+                self._count_prefetch(wasted=True)
             if not self._heard_until(pts):
                 self._unanswered_end = pts
                 return
@@ -179,68 +190,66 @@ class Responses:
         self._response_task = self.host.spawn(self._respond(text, pts, utterance, gate), Stage.RESPONSE)
 
     async def _respond(self, text: str, speech_end_pts: float, utterance: int, gate: asyncio.Event | None) -> None:
-        """Answer one turn: responder tokens paced at the current load's policy, LST-metered.
+        """Answer one turn: responder words paced at the current load's policy, LST-metered.
 
-        With a ``gate`` (a prefetch) the request goes out now and its first token waits for the gate,
-        before pacing, so the pace starts when the tokens may be shown. Each ``response`` event
-        carries what its token measured (``ttft_ms`` and ``turn_ms`` on the first, ``itl_ms`` on the
+        With a ``gate`` (a prefetch) the request goes out now and its first word waits for the gate,
+        before pacing, so the pace starts when the words may be shown. Each ``response`` event
+        carries what its word measured (``ttft_ms`` and ``turn_ms`` on the first, ``itl_ms`` on the
         rest), so a client can keep the raw samples (``synchrony certify``). Where answers are
-        spoken, the raw tokens are read eagerly and teed to the synthesizer as they arrive.
+        spoken, the words are read eagerly and teed to the synthesizer as they arrive.
         """
         policy = self._policy() or _level0_policy()
         speech_end = self.clock.wall_of(speech_end_pts)
-        pacer = self.make_pacer(policy) if self.make_pacer else None
-        request = time.monotonic()  # the responder's request goes out with the first pull below
-        since = speech_end if speech_end is not None else request
-        player, word_tokens = self.player, bool(getattr(self.responder, "word_tokens", False))
+        pacer = (self.make_pacer or TokenPacer)(policy)
+        pacer.continue_from(self._interval)  # a new rate glides from the last answer's (alignment.pacing)
+        since = speech_end if speech_end is not None else time.monotonic()
+        metered = MeteredAnswer(self.responder, policy, self.lst, self.trace, utterance, speech_end)
+        player = self.player
         voice: Answer | None = None
-        raw_pieces: list[str] = []
-        shown: list[str] = []
+        heard: list[str] = []  # words read from the responder (and teed to the voice)
+        shown: list[str] = []  # words paced out to the client
+        reason: AnswerEnd | None = AnswerEnd.BARGE_IN if gate is None else None  # if cancelled
 
         async def released() -> AsyncIterator[str]:
-            nonlocal voice
+            nonlocal reason, voice
             context = Conversation(tuple(self.history), self._load())
-            async for raw in self.responder.tokens(text, policy, context=context):
+            async for word in metered.words(text, context=context):
                 if gate is not None and not gate.is_set():
                     await gate.wait()
+                reason = AnswerEnd.BARGE_IN  # shown from now on: a cancel cuts the answer short
                 self._pacer = pacer  # the answer now being shown follows load changes
                 if player is not None:
                     if voice is None:
                         voice = player.begin(utterance, speech_end_pts, lambda: self._policy() or policy)
-                    voice.feed(" " + raw if word_tokens and raw_pieces else raw)
-                raw_pieces.append(raw)
-                yield raw
+                    voice.feed(" " + word if heard else word)
+                heard.append(word)
+                yield word
 
         source: AsyncIterator[str] = released() if player is None else _eager(released())
-        reason = AnswerEnd.DONE
         try:
-            first = True
-            async for tok in (pacer or TokenPacer(policy)).pace(source):
-                timing = None
-                if self.lst is not None:
-                    if first:  # only now: an answer still streaming before this one keeps its own ITLs
-                        self.lst.begin_response(request, speech_end)
-                    timing = self.lst.token(tok.emitted)
+            async for tok in pacer.pace(source):
+                # the first word's LST timing only now: an answer still streaming keeps its own ITLs
+                timing = metered.shown(tok)
+                if timing is not None:
                     self.observer.response_token(timing)
-                first = False
                 shown.append(tok.text)
-                self.host.emit(ResponseEvent(utterance, tok.index, tok.text, (tok.emitted - since) * 1000, timing))
-            if self.lst is not None and not first:
-                self.lst.response_end()
+                self.host.emit(ResponseEvent(utterance, tok.index, tok.text, (tok.emitted - since) * 1000, timing,
+                                             completion=metered.times.completion_id if tok.index == 0 else None))
+            reason = metered.reason(pacer.policy.max_tokens)
+            metered.end(reason)
+            if self.lst is not None and metered.delivered:
                 self.host.emit(LSTEvent(self.lst.snapshot()))
-            limit = pacer.policy.max_tokens if isinstance(pacer, TokenPacer) else policy.max_tokens
-            if len(raw_pieces) >= limit:
-                reason = AnswerEnd.MAX_TOKENS
             if voice is not None:
                 voice.close_input()
                 await voice.finished.wait()
         except asyncio.CancelledError:
-            reason = self._cut or AnswerEnd.BARGE_IN
+            if reason is not None:
+                reason = self._cut or reason
             self._cut = None
             if voice is not None:
                 voice.stop()
-            if raw_pieces:  # an answer was under way (not a prefetch dropped before its release)
-                self._answered(text, voice, reason, shown, word_tokens)
+            if heard:  # an answer was under way (not a prefetch dropped before its release)
+                self._answered(text, voice, reason or AnswerEnd.BARGE_IN, shown)
             raise
         except Exception as exc:  # noqa: BLE001
             reason = AnswerEnd.ERROR
@@ -248,18 +257,20 @@ class Responses:
                 voice.stop()
             self.host.fail_stage(Stage.RESPONSE, exc)
         finally:
+            metered.end(reason)
+            if metered.delivered:  # a discarded prefetch paced nothing: the glide goes on from the last answer
+                self._interval = pacer.interval_s
             if self._pacer is pacer:
                 self._pacer = None
-        if raw_pieces or reason is AnswerEnd.ERROR:
-            self._answered(text, voice, reason, shown, word_tokens)
+        if heard or reason is AnswerEnd.ERROR:
+            self._answered(text, voice, reason or AnswerEnd.ERROR, shown)
 
-    def _answered(self, user: str, voice: Answer | None, reason: AnswerEnd, shown: list[str],
-                  word_tokens: bool) -> None:
+    def _answered(self, user: str, voice: Answer | None, reason: AnswerEnd, shown: list[str]) -> None:
         """An answer ended: keep what was delivered in the history, say how it ended."""
         if voice is not None and not voice.failed:
             outcome = voice.outcome(reason)
         else:  # text only (no speech, or the synthesizer failed): the words shown
-            words = (" ".join(shown) if word_tokens else "".join(shown)).split()
+            words = " ".join(shown).split()
             outcome = AnswerOutcome(voice.id if voice is not None else -1, reason, len(words), " ".join(words))
         if self.history.maxlen:
             self.history.append((user, outcome.text))

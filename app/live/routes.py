@@ -25,6 +25,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from app.live import tracing
 from app.live.admission import Admission
 from app.live.config import ServerConfig
 from app.live.ice import IceServer, link_headers, rtc_configuration, with_credentials
@@ -125,6 +126,7 @@ class LiveServer:
     @contextlib.asynccontextmanager
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         """Watch the event loop's lag and measure capacity while serving; close every session at the end."""
+        tracing.configure()  # OTEL_* set: traces of each session (off and not imported otherwise)
         loop_watch = asyncio.create_task(self.metrics.loop_lag.watch(), name="event-loop-lag")
         measuring = asyncio.create_task(self._measure_forever(), name="capacity")
         yield
@@ -132,6 +134,7 @@ class LiveServer:
         measuring.cancel()
         await asyncio.gather(*(s.close("server shutdown") for s in list(self.sessions.values())),
                              return_exceptions=True)
+        await asyncio.to_thread(tracing.shutdown)
 
     def lst_snapshot(self) -> JSONBody | None:
         lst = self.warm.stages.lst
@@ -221,7 +224,8 @@ class LiveServer:
         try:  # whatever fails below, the slot this offer held is given back
             try:
                 session = Session(name, pc, self.warm.stages, self.session_config,
-                                  self.metrics, self.on_end, degradation=self.admission.degradation)
+                                  self.metrics, self.on_end, degradation=self.admission.degradation,
+                                  traceparent=request.headers.get("traceparent"))
                 session.hook()
             except Exception:
                 await pc.close()

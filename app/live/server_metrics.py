@@ -158,12 +158,18 @@ class ServerMetrics:
 
 #: snapshot key (ms) → gauge name (s) and help; ``tier`` is exported as a rank (0 none … 3 gold).
 _LST_GAUGES = (
-    ("ttft_ms_p99", "synchrony_lst_ttft_p99_seconds", "LST TTFT p99 (request to first token)"),
-    ("ttft_ms_p50", "synchrony_lst_ttft_p50_seconds", "LST TTFT p50 (request to first token)"),
+    ("ttft_ms_p99", "synchrony_lst_ttft_p99_seconds", "LST TTFT p99 (request written to first content read)"),
+    ("ttft_ms_p50", "synchrony_lst_ttft_p50_seconds", "LST TTFT p50 (request written to first content read)"),
     ("turn_ms_p50", "synchrony_lst_turn_latency_p50_seconds", "turn latency p50 (end of speech to first token)"),
     ("turn_ms_p95", "synchrony_lst_turn_latency_p95_seconds", "turn latency p95 (end of speech to first token)"),
     ("itl_ms_max", "synchrony_lst_itl_max_seconds", "longest inter-token interval"),
     ("jitter_ms", "synchrony_lst_jitter_seconds", "worst inter-token jitter sigma over 8 intervals"),
+    ("hold_ms_p99", "synchrony_lst_turn_hold_p99_seconds", "turn-hold p99 (first content read to first token shown)"),
+)
+#: snapshot key (a share, 0..1) → gauge name and help.
+_LST_SHARES = (
+    ("seq_integrity", "synchrony_lst_seq_integrity", "SEQ-Integrity: share of answers that kept every rule"),
+    ("prefetch_waste", "synchrony_lst_prefetch_waste", "share of prefetched requests discarded"),
 )
 
 
@@ -191,6 +197,11 @@ class _LSTCollector(Collector):
                 if s.get(key) is not None:
                     per.add_metric([sid], s[key] / 1000.0)
             yield per
+        for key, name, doc in _LST_SHARES:
+            share = GaugeMetricFamily(name, doc + ", pooled over sessions")
+            if snap.get(key) is not None:
+                share.add_metric([], snap[key])
+            yield share
         tier = GaugeMetricFamily("synchrony_lst_tier", "LST tier reached: 0 none, 1 bronze, 2 silver, 3 gold")
         tier.add_metric([], tier_rank(snap["tier"]))
         yield tier

@@ -39,7 +39,9 @@ from alignment.clock import SessionClock, TrackClock
 from alignment.frames import FPS
 from alignment.lst import LSTMeter
 from alignment.types import AudioChunk, LoadEstimate, TokenRatePolicy, WordToken
+from app.live import tracing
 from app.live.answer import AnswerPlayer
+from app.live.answer_lst import ConversationTrace
 from app.live.au import FaceAnalysis
 from app.live.degrade import Degradation
 from app.live.events import ErrorEvent, HelloEvent, TokenEvent
@@ -72,9 +74,12 @@ class Session:
         metrics: ServerMetrics,
         on_end: Callable[[Session, str], None] | None = None,
         degradation: Degradation | None = None,
+        traceparent: str | None = None,
     ) -> None:
-        """``degradation``: the server's overload degradation (None: never degrade)."""
+        """``degradation``: the server's overload degradation (None: never degrade); ``traceparent``:
+        the WHIP POST's, so the session's trace joins the caller's (``app.live.tracing``)."""
         self.id = session_id
+        self.trace = ConversationTrace(tracing.session_span(session_id, traceparent))
         self.pc = pc
         self.stages = stages
         self.config = config
@@ -144,7 +149,7 @@ class Session:
             history = self.config.answer.history_turns if self.config.answer is not None else 8
             self.responses = Responses(self, responder, turns, self.clock, st.make_pacer, self._lst,
                                        self.observer, self.faces.latest_policy, player=self.answers,
-                                       load=self._latest_load, history_turns=history)
+                                       load=self._latest_load, history_turns=history, trace=self.trace)
         self.spawn(self._watchdog(), Stage.WATCHDOG)
 
     def _attach_answers(self, avatar_transceiver: RTCRtpTransceiver | None,
@@ -317,8 +322,11 @@ class Session:
         self.emit(TokenEvent(placed))
         if tok.final and self.sync is not None:
             self.sync.check(placed)
+            if self.sync.last_ok is False:
+                self.trace.event("level3_failure", {"synchrony.word": tok.text, "synchrony.pts": tok.start})
 
     def _on_utterance_end(self, pts: float, text: str, utterance: int) -> None:
+        self.trace.asr_final(self.clock.wall_of(pts), time.monotonic())
         if self.responses is not None:
             self.responses.utterance_end(pts, text, utterance)
 
@@ -390,6 +398,8 @@ class Session:
         if self.stages.lst is not None:
             with contextlib.suppress(Exception):
                 self.stages.lst.remove(self.id)
+        self.trace.root.set({"synchrony.end_reason": reason})
+        self.trace.root.end()
         if self.on_end is not None:
             self.on_end(self, reason)
 

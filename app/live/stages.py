@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from alignment.pacing import PacedToken
     from models.asr import UtteranceEnd
     from models.faces import FaceObservation
-    from models.responders import Conversation
+    from models.responders import Conversation, RequestTimes
     from models.video import FrameRenderer
 
 
@@ -143,7 +143,8 @@ class Responder(Protocol):
 
     prefetch: bool
 
-    def tokens(self, utterance: str, policy: TokenRatePolicy,
+    def tokens(self, utterance: str, policy: TokenRatePolicy, times: RequestTimes | None = None,
+               headers: Mapping[str, str] | None = None,
                context: Conversation | None = None) -> AsyncIterator[str]: ...
 
 
@@ -163,6 +164,11 @@ class BargeInDetector(Protocol):
 class Pacer(Protocol):
     """Releases response tokens at the policy's rate (``alignment.pacing.TokenPacer``)."""
 
+    @property
+    def policy(self) -> TokenRatePolicy: ...
+    @property
+    def interval_s(self) -> float: ...
+    def continue_from(self, interval_s: float | None) -> None: ...
     def set_policy(self, policy: TokenRatePolicy) -> None: ...
     def pace(self, tokens: AsyncIterator[str]) -> AsyncIterator[PacedToken]: ...
 

@@ -155,9 +155,12 @@ def _warm_sync(state: WarmState) -> None:
 
 def _warm_response(config: ServerConfig, state: WarmState) -> None:
     from alignment.pacing import TokenPacer
+    from app.live.warm_answer import warm_answer
 
     make_responder = pipeline.responders(config.responder, config.llm_url)
     state.timed("responder", "load", make_responder)
+    # the whole answer path once, against a local dummy (never the operator's LLM): no first-use stall
+    state.timed("responder", "first_answer", lambda: warm_answer(config.responder))
     state.stages.make_responder = make_responder
     state.stages.make_pacer = TokenPacer
 

@@ -22,7 +22,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from alignment.lst import judge_samples, percentile
+from alignment.lst import LST_VERSION, judge_samples, percentile
 
 FORMAT = "synchrony-lst-certificate/1"
 
@@ -46,27 +46,67 @@ def merkle_root(leaves: list[bytes]) -> bytes:
     return hashlib.sha256(b"\x01" + merkle_root(leaves[:k]) + merkle_root(leaves[k:])).digest()
 
 
-def verdict_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """The verdict the samples support: LST figures and tier overall and per run (responder /
-    scenario), turn latency. ITL streams are one session's ITLs in sample order (as its meter saw them).
-    """
+def version_of(report: dict[str, Any]) -> int:
+    """The LST definitions a report was made under: ``header.lst_version`` (v3 on), else the
+    version named in ``header.lst_definitions`` (v2 reports), else 2."""
+    header = report.get("header") or {}
+    if isinstance(header.get("lst_version"), int):
+        return header["lst_version"]
+    words = str(header.get("lst_definitions", "")).split()
+    return int(words[-1]) if words and words[-1].isdigit() else 2
 
+
+def verdict_of(samples: list[dict[str, Any]], version: int = LST_VERSION) -> dict[str, Any]:
+    """The verdict the samples support, by the rules of ``version``: LST figures and tier overall and
+    per run (responder / scenario), turn latency; from v3 on also SEQ-Integrity (``seq`` samples)
+    and, where samples name their mutation context, per cell (responder / context / network).
+    ITL streams are one session's ITLs in sample order (as its meter saw them)."""
+    if version <= 2:
+        return _verdict_v2(samples)
+    return _verdict_v3(samples)
+
+
+def _judge(group: list[dict[str, Any]], version: int) -> dict[str, Any]:
+    streams: dict[str, list[float]] = {}
+    for s in group:
+        if s["kind"] == "itl":
+            streams.setdefault(f"{_run(s)}/{s['session']}", []).append(s["ms"])
+    out = judge_samples([s["ms"] for s in group if s["kind"] == "ttft"], list(streams.values()), version)
+    turns = [s["turn_ms"] for s in group if s["kind"] == "ttft" and s.get("turn_ms") is not None]
+    for q in (50, 95):
+        v = percentile(turns, q)
+        out[f"turn_ms_p{q}"] = None if v is None else round(v, 3)
+    return out
+
+
+def _verdict_v2(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Version 2's verdict, byte for byte as v2 wrote it (old certificates verify unchanged)."""
+    verdict = _judge(samples, 2)
+    runs = sorted({_run(s) for s in samples})
+    verdict["by_scenario"] = {name: _judge([s for s in samples if _run(s) == name], 2) for name in runs}
+    return verdict
+
+
+def _verdict_v3(samples: list[dict[str, Any]]) -> dict[str, Any]:
     def judge(group: list[dict[str, Any]]) -> dict[str, Any]:
-        streams: dict[str, list[float]] = {}
-        for s in group:
-            if s["kind"] == "itl":
-                streams.setdefault(f"{_run(s)}/{s['session']}", []).append(s["ms"])
-        out = judge_samples([s["ms"] for s in group if s["kind"] == "ttft"], list(streams.values()))
-        turns = [s["turn_ms"] for s in group if s["kind"] == "ttft" and s.get("turn_ms") is not None]
-        for q in (50, 95):
-            v = percentile(turns, q)
-            out[f"turn_ms_p{q}"] = None if v is None else round(v, 3)
+        out = _judge(group, 3)
+        seq = [s for s in group if s["kind"] == "seq"]
+        out["seq_answers"] = len(seq)
+        out["seq_integrity"] = round(sum(bool(s["kept"]) for s in seq) / len(seq), 4) if seq else None
         return out
 
     verdict = judge(samples)
     runs = sorted({_run(s) for s in samples})
     verdict["by_scenario"] = {name: judge([s for s in samples if _run(s) == name]) for name in runs}
+    cells = sorted({_cell(s) for s in samples if s.get("context")})
+    if cells:
+        verdict["by_cell"] = {name: judge([s for s in samples if _cell(s) == name]) for name in cells}
     return verdict
+
+
+def _cell(sample: dict[str, Any]) -> str:
+    """A certification cell: responder, mutation context, network strategy."""
+    return f"{sample['responder']} / {sample.get('context')} / {sample['scenario']}"
 
 
 def _run(sample: dict[str, Any]) -> str:
@@ -82,7 +122,7 @@ def build_report(header: dict[str, Any], samples: list[dict[str, Any]], key: Ed2
     """The signed report: samples, their leaf hashes, the root, the verdict, the signature."""
     leaves = [leaf_hash(s) for s in samples]
     report = {"format": FORMAT, "header": header, "samples": samples, "leaf_hashes": [h.hex() for h in leaves],
-              "merkle_root": merkle_root(leaves).hex(), "verdict": verdict_of(samples)}
+              "merkle_root": merkle_root(leaves).hex(), "verdict": verdict_of(samples, version_of({"header": header}))}
     public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     report["signature"] = {"algorithm": "ed25519", "public_key": public.hex(),
                            "value": key.sign(_signed_part(report)).hex()}
@@ -114,7 +154,7 @@ def verify_report(report: dict[str, Any], public_key: Ed25519PublicKey) -> Verif
     if root != report.get("merkle_root"):
         stated_root = str(report.get("merkle_root"))[:16]
         problems.append(f"the samples' Merkle root {root[:16]}… is not the report's {stated_root}…")
-    expected = verdict_of(samples)
+    expected = verdict_of(samples, version_of(report))
     if canonical(expected) != canonical(report.get("verdict")):
         stated = (report.get("verdict") or {}).get("tier")
         problems.append(f"the verdict does not follow from the samples (they give tier {expected['tier']}, "

@@ -1,17 +1,19 @@
 """``synchrony certify`` and ``synchrony verify``: an LST certification run and its signed report.
 
 certify streams a standard workload to a server over real WebRTC (one ``app.loadtest.peer.WhipPeer`` per
-scenario, in this process), keeps every LST sample the server measured (the ``ttft_ms`` /
-``turn_ms`` / ``itl_ms`` its ``response`` events carry), and writes ``certificate.json`` (samples as
-Merkle leaves, root + verdict signed with the operator's Ed25519 key; ``app.loadtest.certificate``) and
-``certificate.html`` (plots). The workload:
+network strategy, in this process), keeps every raw LST sample (``app.loadtest.cells``: TTFT as the
+server measured it, ITL as the receiving peer saw it, SEQ-Integrity against the stand-in's log), and
+writes ``certificate.json`` (samples as Merkle leaves, root + verdict signed with the operator's
+Ed25519 key; ``app.loadtest.certificate``) and ``certificate.html`` (plots). The workload:
 
-* turns spoken by a talking face (generated speech with known word times): a plain turn, a turn
-  cut short mid-sentence, a turn inserted while the previous answer streams, a long turn;
-* every ``--netem`` scenario of the load test (``app.loadtest.netem``: loss, delay, link jitter, ...);
-* every ``--responder`` (with ``--spawn-server``: one server per responder; ``openai`` talks to a
-  local stand-in, ``app.loadtest.llm_standin``, whose own TTFT is ``--standin-ttft-ms``). Each responder's
-  tokens are paced by the policy the server's load controller picks.
+* turns spoken by a talking face (generated speech with known word times), each in a mutation
+  context: plain turns (one cut short mid-sentence), a turn whose answer calls a tool, a turn
+  inserted while the previous answer streams (asking for a tool-only answer), a long turn; the first
+  pass on a freshly started server is the cold start;
+* every ``--netem`` network strategy (``cells.NETWORKS``: clean, loss+jitter, delay-mutation, or any
+  ``app.loadtest.netem`` spec); with ``--spawn-server`` a fresh server per responder and strategy;
+* every ``--responder`` (``openai`` talks to a local stand-in, ``app.loadtest.llm_standin``, whose own
+  TTFT is ``--standin-ttft-ms``). Each answer is paced by the policy the server's load controller picks.
 
 verify recomputes the leaves, the root and the verdict and checks the signature; exit 0 valid, 1
 not (with the reasons), 2 unreadable input.
@@ -33,28 +35,32 @@ from typing import Any
 
 import numpy as np
 
-from alignment.lst import TIER_NAMES, tier_rank
+from alignment.lst import LST_VERSION, TIER_NAMES, tier_rank
 from alignment.types import SAMPLE_RATE
 from app.loadtest import certificate
+from app.loadtest.cells import CONTEXTS, NETWORKS, netem_spec, samples_v3
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
 class Turn:
-    """One user turn of the workload: ``cut`` keeps only this fraction of the speech (cut short)."""
+    """One user turn of the workload: ``cut`` keeps only this fraction of the speech (cut short);
+    ``context``: the mutation context its answer belongs to (``cells.CONTEXTS``)."""
 
     name: str
     text: str
     pause_s: float  # silence after it
     cut: float | None = None
+    context: str = "plain"
 
 
 STANDARD_TURNS = (
     Turn("plain", "please call me back when you have a moment", 2.5),
     Turn("cut short", "could you tell me where the nearest train station is from here", 2.5, cut=0.5),
-    Turn("answered", "what is the weather going to be like tomorrow morning", 0.9),
-    Turn("inserted while answering", "and should I take an umbrella", 2.5),
+    Turn("tool call", "what is the weather going to be like tomorrow morning", 2.5, context="tool calls"),
+    Turn("answered", "tell me something about the history of the old river bridge", 0.9, context="insertion"),
+    Turn("inserted while answering", "and should I take an umbrella", 2.5, context="insertion"),
     Turn("long", "I would like to book a table for four people on friday evening somewhere near the river "
                  "and if there is nothing left after seven then saturday would also be fine", 3.0),
 )
@@ -98,30 +104,11 @@ def workload_clip(turns: tuple[Turn, ...], fps: float = 25.0, size: tuple[int, i
     return Workload(clip, turns, tuple(ends))
 
 
-def turn_at(workload: Workload, clip_t: float) -> str:
+def turn_at(workload: Workload, clip_t: float) -> Turn:
     """The turn whose speech ended last before clip time ``clip_t`` (the clip loops)."""
     t = clip_t % workload.clip.duration
     before = [i for i, end in enumerate(workload.speech_ends) if end <= t]
-    return workload.turns[before[-1] if before else -1].name
-
-
-def samples_from_events(events: list[Any], t0: float, workload: Workload, scenario: str, responder: str,
-                        session: str) -> list[dict[str, Any]]:
-    """One sample per server-measured figure on the ``response`` events, in arrival order."""
-    out = []
-    for ev in events:
-        m = ev.message
-        if m.get("type") != "response":
-            continue
-        base = {"scenario": scenario, "responder": responder, "session": session,
-                "utterance": m.get("utterance"), "index": m.get("index"),
-                "client_s": round(ev.wall - t0, 4)}
-        if isinstance(m.get("ttft_ms"), (int, float)):
-            turn = turn_at(workload, ev.wall - t0 - float(m.get("ms_after_utterance") or 0) / 1000.0)
-            out.append({**base, "kind": "ttft", "ms": m["ttft_ms"], "turn_ms": m.get("turn_ms"), "turn": turn})
-        elif isinstance(m.get("itl_ms"), (int, float)):
-            out.append({**base, "kind": "itl", "ms": m["itl_ms"]})
-    return out
+    return workload.turns[before[-1] if before else -1]
 
 
 async def run_scenario(url: str, workload: Workload, netem: str, loops: int, seed: int,
@@ -157,9 +144,8 @@ async def run_scenario(url: str, workload: Workload, netem: str, loops: int, see
 
 
 async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Every responder × scenario; returns the header and the samples (raises ValueError on no server)."""
+    """Every responder × network strategy; returns the header and the samples (raises ValueError on no server)."""
     from app.loadtest.llm_standin import StandInLLM
-    from app.loadtest.spawn import SpawnedServer
 
     workload = await asyncio.to_thread(workload_clip, WORKLOADS[args.workload])
     samples: list[dict[str, Any]] = []
@@ -168,52 +154,92 @@ async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str
     responders = args.responder if args.spawn_server else ["server"]  # --url: whatever it runs
     try:
         for responder in responders:
-            server = None
-            url = args.url
-            if args.spawn_server:
-                extra = ["--responder", responder]
-                if responder == "openai":
-                    standin = standin or await StandInLLM(ttft_s=args.standin_ttft_ms / 1000.0).start()
-                    extra += ["--llm-url", standin.base_url]
-                server = SpawnedServer(2, out_dir / f"server-{responder}.log", extra)
-                print(f"starting a server with the {responder} responder (log: {server.log_path}) ...", flush=True)
-                try:
-                    await asyncio.to_thread(server.wait_ready)
-                except (RuntimeError, TimeoutError) as exc:
-                    server.stop()
-                    raise ValueError(str(exc)) from None
-                url = server.url
-            try:
-                for k, netem in enumerate(args.netem):
-                    print(f"  {responder} / {netem}: {args.loops} × {workload.clip.duration:.1f} s ...", flush=True)
-                    events, t0, session, info = await run_scenario(url, workload, netem, args.loops, args.seed + k,
-                                                                   args.token)
-                    got = [] if t0 is None else samples_from_events(events, t0, workload, netem, responder,
-                                                                    session or "?")
-                    samples += got
-                    runs.append({"responder": responder, **info, "samples": len(got),
-                                 "load_avg": [round(x, 2) for x in os.getloadavg()]})
-                    print(f"    {len(got)} samples{'; ' + info['error'] if info['error'] else ''}", flush=True)
-            finally:
-                if server is not None:
-                    await asyncio.to_thread(server.stop)
+            if responder == "openai" and standin is None:
+                standin = await StandInLLM(ttft_s=args.standin_ttft_ms / 1000.0).start()
+            for k, network in enumerate(args.netem):
+                got, info = await _one_run(args, out_dir, workload, responder, network, k, standin)
+                samples += got
+                runs.append(info)
     finally:
         if standin is not None:
             await standin.stop()
     header = {
         "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": "synchrony certify " + " ".join(args.argv),
-        "server": args.url if not args.spawn_server else "spawned on 127.0.0.1 (synchrony serve)",
+        "server": args.url if not args.spawn_server else "spawned on 127.0.0.1 (synchrony serve), fresh per run",
         "workload": {"name": args.workload, "loops": args.loops, "clip_s": round(workload.clip.duration, 3),
-                     "turns": [{"name": t.name, "text": t.text, "pause_s": t.pause_s, "cut": t.cut}
-                               for t in workload.turns],
+                     "turns": [{"name": t.name, "text": t.text, "pause_s": t.pause_s, "cut": t.cut,
+                                "context": t.context} for t in workload.turns],
                      "responders": responders, "netem": args.netem,
+                     "networks": {n: netem_spec(n) for n in args.netem}, "contexts": list(CONTEXTS),
                      "standin_ttft_ms": args.standin_ttft_ms if "openai" in responders else None},
         "runs": runs,
         "machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()]},
-        "lst_definitions": "alignment/lst.py (docs/LST.md), version 2",
+        "lst_definitions": f"alignment/lst.py (docs/LST.md), version {LST_VERSION}",
+        "lst_version": LST_VERSION,
+        "judged": {"ttft": "at the server (request written → first content read)",
+                   "itl": "at the receiving peer (arrival gaps of an answer's words)",
+                   "seq": "at the receiving peer, against the stand-in LLM's log (openai only)"},
     }
     return header, samples
+
+
+async def _one_run(args: argparse.Namespace, out_dir: Path, workload: Workload, responder: str, network: str,
+                   k: int, standin: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One peer streams the workload to a server (a fresh one with ``--spawn-server``)."""
+    from app.loadtest.spawn import SpawnedServer
+
+    server, url = None, args.url
+    if args.spawn_server:
+        extra = ["--responder", responder] + (["--llm-url", standin.base_url] if responder == "openai" else [])
+        log_name = f"server-{responder}-{network.replace('+', '-').replace('=', '').replace(',', '_')[:40]}.log"
+        server = SpawnedServer(2, out_dir / log_name, extra)
+        print(f"starting a fresh server, {responder} responder (log: {server.log_path}) ...", flush=True)
+        try:
+            await asyncio.to_thread(server.wait_ready)
+        except (RuntimeError, TimeoutError) as exc:
+            server.stop()
+            raise ValueError(str(exc)) from None
+        url = server.url
+    log_from = len(standin.log) if standin is not None else 0
+    try:
+        print(f"  {responder} / {network}: {args.loops} × {workload.clip.duration:.1f} s ...", flush=True)
+        events, t0, session, info = await run_scenario(url, workload, netem_spec(network), args.loops, args.seed + k,
+                                                       args.token)
+        info["server_lst"] = await asyncio.to_thread(_server_lst, url, args.token)
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+    await asyncio.sleep(0.2)  # the stand-in logs a completion when its stream closes
+    log = list(standin.log[log_from:]) if standin is not None and responder == "openai" else None
+
+    def context_at(clip_t: float) -> tuple[str, str]:
+        turn = turn_at(workload, clip_t)
+        return turn.name, turn.context
+
+    cold_until = workload.clip.duration if args.spawn_server else None
+    got = [] if t0 is None else samples_v3(events, t0, context_at, network, responder, session or "?", cold_until,
+                                            log)
+    info = {"responder": responder, **info, "netem": network, "netem_spec": netem_spec(network),
+            "samples": len(got), "load_avg": [round(x, 2) for x in os.getloadavg()]}
+    lst = info.get("server_lst") or {}
+    print(f"    {len(got)} samples; server: turn-hold p99 {lst.get('hold_ms_p99')} ms, prefetch waste "
+          f"{lst.get('prefetch_wasted')} of {lst.get('prefetch_requests')}, own SEQ check {lst.get('seq_integrity')}"
+          f"{'; ' + info['error'] if info['error'] else ''}", flush=True)
+    return got, info
+
+
+def _server_lst(url: str, token: str | None) -> dict[str, Any]:
+    """The server's own LST v3 extras after a run: turn-hold, prefetch waste, its SEQ self-check."""
+    from app.loadtest.probe import fetch_lst, lst_url
+
+    try:
+        snap = fetch_lst(lst_url(url), 5.0, token)
+    except ValueError as exc:
+        return {"error": str(exc)[:200]}
+    keys = ("lst_version", "hold_ms_p50", "hold_ms_p99", "prefetch_requests", "prefetch_wasted", "prefetch_waste",
+            "seq_answers", "seq_integrity", "ttft_ms_p99", "tier")
+    return {k: snap.get(k) for k in keys}
 
 
 # --- HTML ---------------------------------------------------------------------------------------
@@ -223,23 +249,27 @@ def render_html(report: dict[str, Any]) -> str:
     from html import escape
 
     v = report["verdict"]
+    groups = {**v["by_scenario"], **v.get("by_cell", {})}
     rows = "".join(
         f"<tr><td>{escape(name)}</td><td>{s['ttft_ms_p99']}</td><td>{s['jitter_ms']}</td><td>{s['itl_ms_max']}</td>"
-        f"<td>{s['turn_ms_p50']}</td><td>{s['turn_ms_p95']}</td><td>{s['responses']}</td><td>{s['tier']}</td></tr>"
-        for name, s in v["by_scenario"].items())
+        f"<td>{s['turn_ms_p50']}</td><td>{s['turn_ms_p95']}</td><td>{s['responses']}</td>"
+        f"<td>{s.get('seq_integrity')} ({s.get('seq_answers', 0)})</td><td>{s['tier']}</td></tr>"
+        for name, s in groups.items())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>LST certificate</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto}}td,th{{padding:2px 8px;text-align:right}}
 code{{word-break:break-all}}</style></head><body>
 <h1>LST certificate: tier {escape(v['tier'])}</h1>
-<p>LST TTFT p99 {v['ttft_ms_p99']} ms (request → first token), worst jitter σ8 {v['jitter_ms']} ms, ITLmax
-{v['itl_ms_max']} ms, over {v['responses']} responses and {v['intervals']} intervals. Turn latency (end of
-speech → first token) p50 {v['turn_ms_p50']} ms, p95 {v['turn_ms_p95']} ms.</p>
+<p>LST TTFT p99 {v['ttft_ms_p99']} ms (request written → first content read, at the server), worst jitter σ8
+{v['jitter_ms']} ms, ITLmax {v['itl_ms_max']} ms (at the receiving peer), over {v['responses']} responses and
+{v['intervals']} intervals. Turn latency (end of speech → first word) p50 {v['turn_ms_p50']} ms, p95
+{v['turn_ms_p95']} ms. SEQ-Integrity {v.get('seq_integrity')} over {v.get('seq_answers', 0)} answers.
+Definitions v{v.get('lst_version')}.</p>
 <p>{len(report['samples'])} samples; Merkle root <code>{report['merkle_root']}</code>, signed (Ed25519) by
 <code>{report['signature']['public_key']}</code>. Check it:
 <code>synchrony verify certificate.json --pubkey KEY.pub</code>.</p>
 <p>{escape(report['header']['command'])} — {escape(report['header']['created_utc'])}</p>
-<table><tr><th>scenario</th><th>TTFT99 ms</th><th>jitter ms</th><th>ITLmax ms</th><th>turn p50</th><th>turn p95</th>
-<th>responses</th><th>tier</th></tr>{rows}</table>
+<table><tr><th>run / cell</th><th>TTFT99 ms</th><th>jitter ms</th><th>ITLmax ms</th><th>turn p50</th>
+<th>turn p95</th><th>responses</th><th>SEQ (answers)</th><th>tier</th></tr>{rows}</table>
 <h2>LST TTFT and turn latency per response</h2>{_ttft_svg(report['samples'])}
 <h2>Inter-token intervals</h2>{_itl_svg(report['samples'])}
 </body></html>"""
@@ -288,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--responder", action="append", choices=("caption", "openai"),
                    help="--spawn-server: responders to certify, one server each (default: caption)")
     p.add_argument("--standin-ttft-ms", type=float, default=100.0, help="the openai stand-in's own TTFT")
-    p.add_argument("--netem", action="append", help="network scenario (repeat; default: clean)")
+    p.add_argument("--netem", action="append",
+                   help=f"network strategy ({', '.join(NETWORKS)}, or any netem spec; repeat; default: clean)")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="standard")
     p.add_argument("--loops", type=int, default=2, help="times the workload clip is streamed per scenario (1..20)")
     p.add_argument("--key", required=True, help="Ed25519 signing key (PEM); created with KEY.pub beside it if absent")
@@ -311,7 +342,7 @@ def main(argv: list[str]) -> int:
         if not 1 <= args.loops <= 20:
             raise ValueError("--loops must be 1..20")
         for spec in args.netem:
-            parse_profile(spec)
+            parse_profile(netem_spec(spec))
         if args.url:
             check_loopback_url(args.url)
         out_dir = Path(args.out)
@@ -333,9 +364,13 @@ def main(argv: list[str]) -> int:
     json_path.write_text(json.dumps(report, indent=1))
     html_path.write_text(render_html(report))
     v = report["verdict"]
-    print(f"LST TTFT p99 {v['ttft_ms_p99']} ms, jitter σ8 (worst) {v['jitter_ms']} ms, ITLmax {v['itl_ms_max']} ms, "
-          f"turn latency p50 {v['turn_ms_p50']} / p95 {v['turn_ms_p95']} ms over {v['responses']} responses: "
-          f"tier {v['tier']}")
+    for name, cell in {**v["by_scenario"], **v.get("by_cell", {})}.items():
+        print(f"  {name}: TTFT99 {cell['ttft_ms_p99']} ms, σ8 {cell['jitter_ms']} ms, {cell['responses']} responses, "
+              f"SEQ {cell.get('seq_integrity')} ({cell.get('seq_answers', 0)}), tier {cell['tier']}")
+    print(f"LST TTFT p99 {v['ttft_ms_p99']} ms (server), jitter σ8 (worst, at the peer) {v['jitter_ms']} ms, ITLmax "
+          f"{v['itl_ms_max']} ms, turn latency p50 {v['turn_ms_p50']} / p95 {v['turn_ms_p95']} ms over "
+          f"{v['responses']} responses, SEQ-Integrity {v.get('seq_integrity')} over {v.get('seq_answers', 0)} "
+          f"answers: tier {v['tier']}")
     print(f"report: {json_path}  {html_path}  ({len(samples)} samples, root {report['merkle_root'][:16]}…)")
     if not samples:
         print("synchrony certify: no response was measured; the report certifies nothing", file=sys.stderr)

@@ -245,7 +245,7 @@ def peer_figures(peer: Any, truth: lm.ClipTruth, t0: float, t_end: float, cfg: R
                    lm.round_or_none(w.final_s, 3), w.text, w.matched_by] for w in scored],
         "tokens": [[lm.round_or_none(t, 3), m.get("text"), m.get("start"), m.get("end"), bool(m.get("final")),
                     m.get("utterance"), m.get("index")] for t, m in tokens[:5000]],
-        "responses": lm.ttft_and_itl(truth, responses, until),
+        "responses": lm.turn_latency_and_itl(truth, responses, until),
         "level3": lm.level3(syncs),
         "sync_timeline": [[lm.round_or_none(t, 3), m.get("max_delta_ms"), bool(m.get("ok"))] for t, m in events
                           if m.get("type") == "sync"],

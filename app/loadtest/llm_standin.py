@@ -1,10 +1,16 @@
 """A local OpenAI-compatible stand-in for a language model: a known first-token time, a steady stream.
 
-``POST /v1/chat/completions`` with ``stream: true`` answers server-sent events: the first content
-chunk ``ttft_s`` after the request arrived, then one word every ``1 / tokens_per_s`` s (a short
-acknowledgement of the user's last message, at most ``max_tokens`` words), then ``[DONE]``.
-Anything else is a 404/400 with a one-line JSON error. It exists so that turn latency and LST
-TTFT can be measured with a responder whose own TTFT is known (``bench/turn_latency.py``,
+``POST /v1/chat/completions`` with ``stream: true`` answers server-sent events shaped like
+OpenAI's: the first content chunk ``ttft_s`` after the request arrived, then one piece every
+``1 / tokens_per_s`` s, then a chunk with ``finish_reason`` and ``[DONE]``. The answer is a short
+acknowledgement of the user's last message, streamed as a model does: sub-word pieces ("synchron",
+"y"), at most ``max_tokens`` pieces (``finish_reason: length`` when that cuts it). A message that
+mentions the weather also gets a ``get_weather`` tool call (OpenAI ``tool_calls`` deltas, argument
+fragments, ``finish_reason: tool_calls``) after a few words; one that mentions an umbrella gets a
+tool call only (an answer with no text). Every completion is kept in ``log`` (``StandInAnswer``):
+what it meant to send and what it did send, so SEQ-Integrity can be judged against it.
+Anything else is a 404/400 with a one-line JSON error. It exists so that turn latency, LST TTFT
+and SEQ-Integrity can be measured with a responder whose behaviour is known (``bench/turn_latency.py``,
 ``synchrony certify --responder openai``), on loopback, without a model.
 
     python -m app.loadtest.llm_standin --port 8001 --ttft-ms 100
@@ -14,11 +20,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_BODY = 256 * 1024
+_IDS = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class StandInAnswer:
+    """One completion as the stand-in logged it: ``text`` the content it meant to send (after its
+    ``max_tokens``), ``sent_text`` the content it wrote before the end or the client going away,
+    ``tool_text`` its tool calls' names and arguments, ``completed``: every chunk and ``[DONE]`` written."""
+
+    id: str
+    user: str
+    text: str
+    sent_text: str
+    tool_text: tuple[str, ...]
+    finish_reason: str
+    completed: bool
+    traceparent: str | None = None  # the request's W3C trace context, when it carried one
+
+
+@dataclass(frozen=True)
+class _Plan:
+    pieces: tuple[str, ...]
+    tool_after: int | None  # the tool call goes after this many pieces (None: no tool call)
+    tool: tuple[str, str] = ("", "")  # (name, arguments)
+    finish_reason: str = "stop"
 
 
 @dataclass
@@ -30,6 +62,7 @@ class StandInLLM:
     host: str = "127.0.0.1"
     port: int = 0
     requests: int = 0
+    log: list[StandInAnswer] = field(default_factory=list)
     _server: asyncio.Server | None = field(default=None, repr=False)
 
     @property
@@ -60,36 +93,107 @@ class StandInLLM:
                 return await _error(writer, 400, "body too large")
             try:
                 body = json.loads(await asyncio.wait_for(reader.readexactly(length), 10))
-                words = _reply(body)
-            except (json.JSONDecodeError, ValueError, TypeError) as exc:
+                plan, user = _plan(body)
+            except (json.JSONDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
                 return await _error(writer, 400, f"bad request: {exc}")
             self.requests += 1
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                         b"Connection: close\r\n\r\n")
-            await writer.drain()
-            due = arrived + self.ttft_s
-            for i, word in enumerate(words):
-                await asyncio.sleep(max(due - asyncio.get_running_loop().time(), 0.0))
-                chunk = {"object": "chat.completion.chunk",
-                         "choices": [{"index": 0, "delta": {"content": word if i == 0 else " " + word}}]}
-                writer.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                await writer.drain()
-                due += 1.0 / self.tokens_per_s
-            writer.write(b"data: [DONE]\n\n")
-            await writer.drain()
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            await self._stream(writer, plan, user, arrived, usage, headers.get("traceparent"))
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()
+
+    async def _stream(self, writer: asyncio.StreamWriter, plan: _Plan, user: str, arrived: float,
+                      usage: bool, traceparent: str | None = None) -> None:
+        """Write the planned chunks on their schedule; log what was meant and what was written."""
+        cid = f"chatcmpl-standin-{next(_IDS)}"
+        sent: list[str] = []
+        completed = False
+        try:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                         b"Connection: close\r\n\r\n")
+            await writer.drain()
+            due = arrived + self.ttft_s
+            for delta, piece in _deltas(plan):
+                await asyncio.sleep(max(due - asyncio.get_running_loop().time(), 0.0))
+                writer.write(_chunk(cid, delta))
+                await writer.drain()
+                sent.append(piece)
+                due += 1.0 / self.tokens_per_s
+            writer.write(_chunk(cid, {}, plan.finish_reason))
+            if usage:
+                writer.write(_chunk(cid, None, usage={"prompt_tokens": len(user.split()), "completion_tokens":
+                                                      len(plan.pieces), "total_tokens": len(user.split())
+                                                      + len(plan.pieces)}))
+            writer.write(b"data: [DONE]\n\n")
+            await writer.drain()
+            completed = True
+        finally:
+            self.log.append(StandInAnswer(cid, user, "".join(plan.pieces), "".join(sent),
+                                          tuple(x for x in plan.tool if x), plan.finish_reason, completed,
+                                          traceparent))
 
 
 def _reply(body: Any) -> list[str]:
     """A short answer that depends on the user's words (so responses differ per turn)."""
     messages = body["messages"]
     user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
-    limit = int(body.get("max_tokens", 32))
-    words = ["Sure,", "I", "heard:"] + str(user).split()[:12] + ["Anything", "else?"]
-    return words[: max(limit, 0)]
+    return ["Sure,", "I", "heard:"] + str(user).split()[:12] + ["Anything", "else?"]
+
+
+def split_word(word: str) -> list[str]:
+    """A word as a tokenizer might cut it: words of 7+ letters lose their last 1-3 letters to a second
+    piece ("synchrony" → "synchron", "y"); shorter words stay whole."""
+    if len(word) < 7:
+        return [word]
+    cut = len(word) - 1 - len(word) % 3
+    return [word[:cut], word[cut:]]
+
+
+def _plan(body: Any) -> tuple[_Plan, str]:
+    """The pieces to send (sub-word, at most ``max_tokens``), and the tool call the message asks for."""
+    messages = body["messages"]
+    user = str(next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), ""))
+    limit = max(int(body.get("max_tokens", 32)), 0)
+    lowered = user.lower()
+    if "umbrella" in lowered:  # a tool-only answer: no text at all
+        return _Plan((), 0, ("get_weather", json.dumps({"place": "here", "what": "rain"})), "tool_calls"), user
+    pieces: list[str] = []
+    for i, word in enumerate(_reply(body)):
+        parts = split_word(word)
+        pieces += [(" " if i else "") + parts[0], *parts[1:]]
+    finish = "length" if len(pieces) > limit else "stop"
+    pieces = pieces[:limit]
+    if "weather" in lowered and finish == "stop":
+        return _Plan(tuple(pieces[:3]), 3, ("get_weather", json.dumps({"place": "here"})), "tool_calls"), user
+    return _Plan(tuple(pieces), None, finish_reason=finish), user
+
+
+def _deltas(plan: _Plan) -> list[tuple[dict[str, Any], str]]:
+    """(delta, the content it carries) in order: content pieces, the tool call's deltas where due."""
+    out: list[tuple[dict[str, Any], str]] = [({"content": p}, p) for p in plan.pieces]
+    if plan.tool_after is not None:
+        name, args = plan.tool
+        half = len(args) // 2
+        calls = [({"tool_calls": [{"index": 0, "id": "call_standin", "type": "function",
+                                   "function": {"name": name, "arguments": ""}}]}, ""),
+                 ({"tool_calls": [{"index": 0, "function": {"arguments": args[:half]}}]}, ""),
+                 ({"tool_calls": [{"index": 0, "function": {"arguments": args[half:]}}]}, "")]
+        out[plan.tool_after:plan.tool_after] = calls
+    if out:
+        out[0][0].setdefault("role", "assistant")
+    return out
+
+
+def _chunk(cid: str, delta: dict[str, Any] | None, finish: str | None = None,
+           usage: dict[str, int] | None = None) -> bytes:
+    body: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "model": "standin",
+                            "choices": [] if delta is None else [{"index": 0, "delta": delta,
+                                                                  "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = usage
+    return f"data: {json.dumps(body)}\n\n".encode()
 
 
 async def _error(writer: asyncio.StreamWriter, status: int, message: str) -> None:

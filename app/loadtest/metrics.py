@@ -210,13 +210,15 @@ def _record(i: int, t: float, m: dict[str, Any], how: str, first: dict[int, floa
         final[i] = min(final.get(i, math.inf), t)
 
 
-def ttft_and_itl(
+def turn_latency_and_itl(
     truth: ClipTruth, responses: Sequence[tuple[float, dict[str, Any]]], until_s: float
 ) -> dict[str, Any]:
-    """TTFT per utterance (truth utterance end → first ``response`` token), ITL and jitter σ8.
+    """Turn latency as the client sees it (truth utterance end → first ``response`` word arriving),
+    ITL and jitter σ8 at the receiving peer. Not LST TTFT (the server's request → first content,
+    ``lst_ttft_ms``): this wait holds the turn decision, the ASR and the turn-hold (docs/LST.md).
 
-    Response tokens are grouped by their ``utterance``; a group's TTFT counts from the latest
-    truth utterance end before its first token.
+    Response words are grouped by their ``utterance``; a group's turn latency counts from the
+    latest truth utterance end before its first word.
     """
     ends = [r * truth.period_s + truth.utterance_end for r in range(int(until_s // truth.period_s) + 1)]
     groups: dict[Any, list[float]] = {}
@@ -233,9 +235,9 @@ def ttft_and_itl(
         sigmas.extend(sigma_windows(gaps))
     return {
         "utterances": len(groups),
-        "ttft_ms": [round(x * 1000, 1) for x in ttft],
-        "ttft_ms_p50": to_ms(quantile(ttft, 0.5)),
-        "ttft_ms_p99": to_ms(quantile(ttft, 0.99)),
+        "turn_ms": [round(x * 1000, 1) for x in ttft],
+        "turn_ms_p50": to_ms(quantile(ttft, 0.5)),
+        "turn_ms_p99": to_ms(quantile(ttft, 0.99)),
         "itl_ms_p50": to_ms(quantile(itl, 0.5)),
         "itl_ms_max": to_ms(max(itl) if itl else None),
         "jitter_ms_max": to_ms(max(sigmas) if sigmas else None),

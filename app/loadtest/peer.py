@@ -220,15 +220,18 @@ class WhipPeer:
         ice_from_server: bool = False,
         relay: bool = False,
         cafile: str | None = None,
+        traceparent: str | None = None,
     ) -> None:
         """``clip`` is an ``app.loadtest.testmedia.AVClip``; or pass ``audio`` (16 kHz) / ``frames`` + ``fps``.
 
         ``echo``: an ``app.loadtest.answers.EchoPath`` the listener plays the received answer into.
         ``ice_from_server``: use the STUN/TURN servers the server names (``OPTIONS`` → ``Link`` headers, RFC 9725),
         as the page does; ``relay``: offer relay candidates only (media through TURN). ``cafile``: trust
-        this certificate (a server with a self-signed one)."""
+        this certificate (a server with a self-signed one). ``traceparent``: a W3C trace context for the
+        WHIP POST (the session's trace joins it)."""
         self.url = url
         self.token = token
+        self.traceparent = traceparent
         self.ice_from_server = ice_from_server or relay
         self.relay = relay
         self._verify: ssl.SSLContext = ssl.create_default_context(cafile=cafile) if cafile else _tls_context()
@@ -286,6 +289,8 @@ class WhipPeer:
         headers = {"Content-Type": "application/sdp"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        if self.traceparent:
+            headers["traceparent"] = self.traceparent
         async with httpx.AsyncClient(timeout=timeout, verify=self._verify) as client:
             resp = await client.post(self.url, content=self.pc.localDescription.sdp, headers=headers)
         if resp.status_code != 201:

@@ -71,9 +71,12 @@ def summary_lines(snap: dict[str, Any]) -> list[str]:
         return "n/a" if v is None else f"{v:.1f} ms"
 
     return [
-        f"LST TTFT p99 (request → first token): {ms('ttft_ms_p99')}   p50 {ms('ttft_ms_p50')}",
+        f"LST TTFT p99 (request written → first content read): {ms('ttft_ms_p99')}   p50 {ms('ttft_ms_p50')}",
         f"ITL jitter σ8 (worst window):          {ms('jitter_ms')}   ITLmax {ms('itl_ms_max')}",
-        f"turn latency (end of speech → first token): p50 {ms('turn_ms_p50')}  p95 {ms('turn_ms_p95')}",
+        f"turn latency (end of speech → first token, turn-hold included): p50 {ms('turn_ms_p50')}  "
+        f"p95 {ms('turn_ms_p95')}; turn-hold p99 {ms('hold_ms_p99')}",
+        f"SEQ-Integrity {snap.get('seq_integrity', 'n/a')} over {snap.get('seq_answers', 0)} answers; prefetch waste "
+        f"{snap.get('prefetch_wasted', 0)} of {snap.get('prefetch_requests', 0)} requests",
         f"responses {snap.get('ttft_samples', 0)}, sessions {snap.get('sessions', 0)} live + "
         f"{snap.get('closed_sessions', 0)} closed, definitions v{snap.get('lst_version', 1)}",
         f"tier: {snap.get('tier', 'none')}",

@@ -50,7 +50,8 @@ def text_summary(report: dict[str, Any]) -> str:
             f"word->token p50 {a['latency_ms_p50']} ms, "
             f"p95 {a['latency_ms_p95']} ms (bound 1000), final p95 {a['final_latency_ms_p95']} ms, "
             f"recall {a['recall']}, Level-3 pass {a['level3_pass_rate']} over {a['level3_checks']} checks, "
-            f"TTFT p50 {a['ttft_ms_p50']} ms, server CPU mean {np.mean(cpu) if cpu else float('nan'):.0f} %, "
+            f"turn latency p50 {a['turn_ms_p50']} ms (client: end of speech → first word), "
+            f"server CPU mean {np.mean(cpu) if cpu else float('nan'):.0f} %, "
             f"client CPU mean {np.mean([s[2] for s in rnd.get('cpu', [])] or [float('nan')]):.0f} % "
             f"({_pct(a.get('client_cpu_per_peer'))} of a core per peer), "
             + (f"with every session live: server {steady['server']} %, clients {steady['clients']} %, machine "
@@ -224,7 +225,7 @@ def _cell(v: Any) -> str:
 
 def _peer_table(rnd: dict[str, Any]) -> str:
     cols = ["peer", "worker", "offset ms", "netem", "connected", "words", "recall", "p50 ms", "p95 ms",
-            "final p95 ms", "TTFT p50 ms", "jitter σ8 max ms", "L3 checks", "L3 pass", "video−audio ms",
+            "final p95 ms", "turn latency p50 ms", "jitter σ8 max ms", "L3 checks", "L3 pass", "video−audio ms",
             "flagged", "evidence", "flash lag ms", "frames back", "fps back", "loss up/down", "answers",
             "voice→voice p50 ms", "voice→voice p95 ms", "barge-ins", "stop p50 ms", "stop p99 ms",
             "false interruptions", "lip-sync p50 ms", "|lip-sync| p95 ms", "answer packets", "error"]
@@ -235,7 +236,7 @@ def _peer_table(rnd: dict[str, Any]) -> str:
         loss = f"{ns['up']['loss_rate']:.3f}/{ns['down']['loss_rate']:.3f}" if ns else None
         vals = [p["index"], p.get("worker"), p.get("offset_ms"), p.get("netem"), p.get("connected"),
                 lat.get("words"), lat.get("recall"), lat.get("latency_ms_p50"), lat.get("latency_ms_p95"),
-                lat.get("final_latency_ms_p95"), resp.get("ttft_ms_p50"), resp.get("jitter_ms_max"),
+                lat.get("final_latency_ms_p95"), resp.get("turn_ms_p50"), resp.get("jitter_ms_max"),
                 l3.get("checks"), l3.get("pass_rate"), l3.get("video_minus_audio_ms_p50"), l3.get("flagged"),
                 ", ".join(f"{k}:{v}" for k, v in (l3.get("evidence") or {}).items()) or None,
                 p.get("flash_lag_ms_p50"), p.get("frames_received"), p.get("video_fps"), loss,

@@ -37,7 +37,7 @@ def aggregate(results: list[dict[str, Any]], min_recall: float = RECALL_BOUND,
     first, final = [], []
     words = matched = by_text = 0
     l3_ok = l3_n = 0
-    ttft: list[float] = []
+    turn: list[float] = []
     jitter: list[float] = []
     for r in results:
         for w in r.get("words", []):
@@ -53,7 +53,7 @@ def aggregate(results: list[dict[str, Any]], min_recall: float = RECALL_BOUND,
             l3_ok += l3["ok"]
             l3_n += l3["checks"]
         resp = r.get("responses") or {}
-        ttft.extend(resp.get("ttft_ms") or [])
+        turn.extend(resp.get("turn_ms") or [])
         if resp.get("jitter_ms_max") is not None:
             jitter.append(resp["jitter_ms_max"])
     timeline = latency_windows([(w[1], w[2] - w[1]) for r in results for w in r.get("words", []) if w[2] is not None])
@@ -74,8 +74,8 @@ def aggregate(results: list[dict[str, Any]], min_recall: float = RECALL_BOUND,
         "final_latency_ms_p95": lm.to_ms(lm.quantile(final, 0.95)),
         "level3_checks": l3_n,
         "level3_pass_rate": round(l3_ok / l3_n, 4) if l3_n else None,
-        "ttft_ms_p50": lm.round_or_none(lm.quantile(ttft, 0.5), 1),
-        "ttft_ms_p99": lm.round_or_none(lm.quantile(ttft, 0.99), 1),
+        "turn_ms_p50": lm.round_or_none(lm.quantile(turn, 0.5), 1),
+        "turn_ms_p99": lm.round_or_none(lm.quantile(turn, 0.99), 1),
         "jitter_ms_max": max(jitter) if jitter else None,
         "offset_peers_flagged": sum(bool((r.get("level3") or {}).get("flagged")) for r in injected),
         "offset_peers": len(injected),
