@@ -40,6 +40,10 @@ AUDIO_RATE = 48_000
 AUDIO_FRAME = 960
 #: Avatar frames kept (as luma) until the mouth box is found; the box is found once, from these.
 BOX_FRAMES = 48
+#: An answer's lip-sync offset counts from at least 1 s of its frames, best correlation at least 0.3: an
+#: answer cut after a word or two gives a lag of best fit, not evidence of an offset.
+MIN_LIP_FRAMES = 16
+MIN_LIP_CORR = 0.3
 
 
 @dataclass(frozen=True)
@@ -357,7 +361,7 @@ def answer_figures(listener: AnswerListener, events: list[Any], said: list[Utter
         elif rec.reason == "barge_in":
             fig["false_interruption"] = True
         lip = lip_sync(listener, lo, hi)
-        if lip is not None:
+        if lip is not None and lip.correlation >= MIN_LIP_CORR:  # weaker: no evidence of an offset
             fig["lip_sync_ms"], fig["lip_corr"] = lip.offset_ms, lip.correlation
         out.append(fig)
     return out
@@ -384,7 +388,7 @@ def lip_sync(listener: AnswerListener, lo_wall: float, hi_wall: float) -> ans.Li
     a, b = min(media) - 0.3, max(media) + 0.3
     env = [(t, v) for t, v in listener.envelope if a <= t <= b]
     mouth = [(s.media, s.opening) for s in listener.mouth if s.media is not None and a <= s.media <= b]
-    if len(env) < 8 or len(mouth) < 8:
+    if len(env) < 8 or len(mouth) < MIN_LIP_FRAMES:
         return None
     env_t, env_v = (np.asarray(x) for x in zip(*sorted(env), strict=True))
     k = 4  # 40 ms of 10 ms hops: one frame's worth of sound
