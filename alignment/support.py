@@ -6,8 +6,9 @@ when the audio backs it:
 
 * the forced alignment (:mod:`alignment.forced`, a human-speech acoustic model) found it;
 * its aligned span is over speech, not silence: enough of its 10 ms frames stand ``LOUD_DB``
-  above the floor of the audio around it (the floor is a low percentile of that audio's levels,
-  so steady noise raises it instead of reading as speech);
+  above the floor of the audio around it (a low percentile of that audio's levels, so steady noise
+  raises it instead of reading as speech) and within ``SPEECH_RANGE_DB`` of its loudest frame (a
+  room's tail after clean speech is not speech), and it starts before the end of speech;
 * its aligned duration is one a word can have (at most ``MAX_WORD_S``), and it starts after the word
   before it (``MIN_STEP_S`` on): two words at one start share one word's audio;
 * a repeat of the words just before it (a loop) needs each of its words well over speech;
@@ -29,8 +30,9 @@ from alignment.text import agreement_key
 from alignment.types import SAMPLE_RATE, WordToken
 
 FRAME_S = 0.01
-#: A frame this far above the floor is speech.
+#: A frame this far above the floor, and within SPEECH_RANGE_DB of the loudest, is speech.
 LOUD_DB = 6.0
+SPEECH_RANGE_DB = 35.0
 #: Share of a word's frames that must be speech (a stop's closure and a soft ending are quiet).
 MIN_LOUD_SHARE = 0.2
 #: ... and for a word that repeats the words before it (a loop must show its audio).
@@ -76,20 +78,22 @@ def compression_ratio(text: str) -> float:
 
 def judge(
     samples: np.ndarray, t0: float, words: Sequence[WordToken], placed: Sequence[bool],
-    before: Sequence[str] = (), previous_start: float | None = None,
+    before: Sequence[str] = (), previous_start: float | None = None, speech_end: float | None = None,
 ) -> Verdict:
     """Which of ``words`` (refined, in order) the audio supports.
 
     ``samples``: 16 kHz audio whose first sample is at ``t0`` (session s), holding the words and
     some audio before them; ``placed``: per word, whether the forced alignment found it;
     ``before``: the utterance's words before these (already final), for the loop rules;
-    ``previous_start``: the start of the word before the first of these, if any.
+    ``previous_start``: the start of the word before the first of these, if any; ``speech_end``:
+    where the utterance's speech ended (the VAD's end), at an endpoint.
     """
     if len(placed) != len(words):
         raise ValueError("one placed flag per word")
     levels = levels_db(samples)
     floor = float(np.percentile(levels, FLOOR_PERCENTILE)) if levels.size else FLOOR_DBFS
-    loud = levels >= floor + LOUD_DB
+    peak = float(levels.max()) if levels.size else FLOOR_DBFS
+    loud = levels >= max(floor + LOUD_DB, peak - SPEECH_RANGE_DB)
     keys = [agreement_key(w) for w in before] + [agreement_key(w.text) for w in words]
     loop = _loop_words(keys)[len(before) :]
     text = " ".join([*before, *(w.text for w in words)])
@@ -107,6 +111,8 @@ def judge(
             reasons.append("duration")
         elif step < MIN_STEP_S:
             reasons.append("overlap")
+        elif speech_end is not None and w.start >= speech_end - MIN_STEP_S:
+            reasons.append("silent")
         elif share < (LOOP_LOUD_SHARE if loop[k] else MIN_LOUD_SHARE):
             reasons.append("loop" if loop[k] and share >= MIN_LOUD_SHARE else "silent")
         else:

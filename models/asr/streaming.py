@@ -405,15 +405,16 @@ class StreamingASR:
         pending = _heard_words(self._live_finals, pending, speech_end - self._win_start, self.config.end_min_prob)
         self._hyp = []
         self._hyp_history.clear()
-        return self._emit_finals(pending, [], at_end=True)[0]
+        return self._emit_finals(pending, [], at_end=True, speech_end=speech_end)[0]
 
     def _emit_finals(self, words: list[DecodedWord], following: list[DecodedWord], at_end: bool = False,
-                     ) -> tuple[list[ASREvent], int]:
+                     speech_end: float | None = None) -> tuple[list[ASREvent], int]:
         """Refine ``words`` (agreed, or the last ones at an endpoint) and make final those the audio
         supports (:mod:`alignment.support`): mid-utterance the words up to the first unsupported one
         (it stays interim, and may be backed by more audio), at an endpoint every supported word (the
         rest are dropped). ``following``: the interim words heard after them. Returns the events
-        and how many of ``words`` were settled (made final or dropped)."""
+        and how many of ``words`` were settled (made final or dropped). ``speech_end``: the VAD end
+        of speech, at an endpoint."""
         if not words:
             return [], 0
         base = self._win_start
@@ -422,7 +423,7 @@ class StreamingASR:
             for w in words
         ]
         if self.config.refine:
-            toks, supported = self._refined_and_supported(toks, following)
+            toks, supported = self._refined_and_supported(toks, following, speech_end)
             n_settled = len(words) if at_end else next((i for i, ok in enumerate(supported) if not ok), len(words))
             keep = [i for i in range(n_settled) if supported[i]]
             self.unsupported += n_settled - len(keep) + (not at_end and n_settled < len(words))
@@ -440,7 +441,7 @@ class StreamingASR:
         return list(toks), n_settled
 
     def _refined_and_supported(self, toks: list[WordToken], following: list[DecodedWord],
-                               ) -> tuple[list[WordToken], list[bool]]:
+                               speech_end: float | None = None) -> tuple[list[WordToken], list[bool]]:
         """``toks`` refined by forced alignment, and whether the audio supports each.
 
         The utterance's last final words lead the alignment (a one- or two-word text matches any
@@ -472,7 +473,7 @@ class StreamingASR:
         refined = [replace(t, final=True) for t in end_by_next_start(context + refined)[len(context) :]]
         since = max(self._buf.start, refined[0].start - _FLOOR_AUDIO_S)
         verdict = judge(self._buf.slice(since, self._buf.end), since, refined, placed, before=self._utt_text,
-                        previous_start=self._refined[-1].start if self._refined else None)
+                        previous_start=self._refined[-1].start if self._refined else None, speech_end=speech_end)
         return refined, list(verdict.supported)
 
     def _rebase(self) -> None:
