@@ -1,8 +1,9 @@
 """espeak-ng speech through libespeak-ng (ctypes), with the exact onset of every word.
 
-Two users: alignment by synthesis (``alignment.timing`` speaks the recognised words and aligns the
-reference to the real audio) and generated test speech with ground-truth word times
-(``app.loadtest.testmedia``). Word events are libespeak-ng's event type 1; ``audio_position`` is in ms.
+Its one product job is :func:`phonemes`: pronouncing words the forced aligner's dictionary lacks
+(names, Whisper's spellings, numbers; :mod:`alignment.forced`). Speech synthesis with word events
+serves generated test speech with ground-truth word times (``app.loadtest.testmedia``) and the
+benches. Word events are libespeak-ng's event type 1; ``audio_position`` is in ms.
 """
 
 from __future__ import annotations

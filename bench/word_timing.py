@@ -50,11 +50,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alignment.text import agreement_key
-from alignment.timing import REF_VOICE, VoiceEvidence, refine_word_times
+from alignment.timing import refine_word_times
 from alignment.types import SAMPLE_RATE, WordToken
 from app.loadtest import testmedia
 from app.loadtest.metrics import TruthWord
 from bench.asr_stream import Session, chunks, latencies, make_session, matched
+from bench.synthesis_timing import REF_VOICE, VoiceEvidence
+from bench.synthesis_timing import refine_word_times as synthesis_refine
 from models.asr import StreamingASR, StreamingConfig, transcribe_words
 
 #: espeak-ng held-out sets (never used for tuning either method).
@@ -175,7 +177,7 @@ def synthesis_only(audio: np.ndarray, words: list[WordToken]) -> list[WordToken]
     saved = forced.available
     forced.available = lambda: False  # type: ignore[assignment]
     try:
-        return refine_word_times(audio, 0.0, words, voice=VoiceEvidence(voices=(REF_VOICE,)))
+        return synthesis_refine(audio, 0.0, words, voice=VoiceEvidence(voices=(REF_VOICE,)))
     finally:
         forced.available = saved  # type: ignore[assignment]
 

@@ -16,7 +16,7 @@ from typing import TypeVar
 import numpy as np
 
 from alignment.espeak import synthesize_speech
-from alignment.timing_dtw import single_threaded_blas
+from alignment.blas import single_threaded_blas
 from alignment.types import AU_NAMES, AUSample, VideoFrame
 from app import pipeline
 from app.live.asr_prestart import take_started_lanes

@@ -167,11 +167,15 @@ class WhisperEngine:
                 text, probs, layers, first_row, sot_row, avg_lp = self._decode_tokens(
                     feats, prefix_tokens, prompt, dur, draft_tokens, expect_words
                 )
-                # Whisper's own no-speech rule (judged only without a prefix). Its probability
-                # takes an fp32 projection (80 MB of weights): only made when the text is unsure.
-                if sot_row is not None and avg_lp < -1.0 and self._no_speech(sot_row) > 0.6:
+                # Whisper's own no-speech rule, on every window: the new words go (a forced prefix
+                # stays). Its probability takes an fp32 projection (80 MB of weights): only made when
+                # the new text is unsure.
+                silent = len(text) > len(prefix_tokens) and avg_lp < -1.0 and self._no_speech(sot_row) > 0.6
+                if silent and not prefix_tokens:
                     return []
                 words = self._align(layers, first_row, text, probs, num_frames)
+                if silent:
+                    words = words[: len(prefix)]
         finally:
             torch.set_num_threads(prev_threads)
         # Words aligned to the very end of the audio are continuations the model made up; not the
@@ -235,7 +239,7 @@ class WhisperEngine:
     def _decode_tokens(
         self, feats: torch.Tensor, prefix_tokens: list[int], prompt: str, dur: float,
         draft_tokens: Sequence[int] = (), expect_words: bool = False,
-    ) -> tuple[list[int], list[float], list[torch.Tensor], int, float, float]:
+    ) -> tuple[list[int], list[float], list[torch.Tensor], int, torch.Tensor, float]:
         """Greedy decoding with a key/value cache, capturing cross-attention for the word DTW.
 
         ``draft_tokens`` (the previous hypothesis) are fed with the prefix in one forward pass and
@@ -248,8 +252,8 @@ class WhisperEngine:
 
         Returns text tokens (prefix + new), their probabilities (1.0 for the forced prefix), the
         per-layer cross-attention logits of every fed position, the row of ``<|notimestamps|>``,
-        the hidden state of ``<|startoftranscript|>`` without a prefix (else None: no-speech is
-        only judged without one) and the mean log-probability of the new tokens.
+        the hidden state of ``<|startoftranscript|>`` (Whisper's no-speech probability is read from
+        it) and the mean log-probability of the new tokens.
         """
         tok = self.tokenizer
         initial: list[int] = []
@@ -267,7 +271,7 @@ class WhisperEngine:
         sum_lp = 0.0
         n0 = len(tokens)
         h = state.feed(tokens + draft)
-        sot_row = None if prefix_tokens else h[sot_index]
+        sot_row = h[sot_index]  # causal: the same with or without a prefix after it
         ahead = draft  # tokens fed past the text, to verify: rows[k] predicts ahead[k] (and rows[-1] the next)
         rows = h[n0 - 1 :]
         logits = self._approx_logits(rows)

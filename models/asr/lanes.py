@@ -69,7 +69,7 @@ _WARM_TAIL_S = 0.4
 
 def warm_stream(engine: Engine, config: StreamingConfig, speech: np.ndarray) -> None:
     """Run the streaming path once on ``speech`` (VAD, incremental decode, finalisation, word
-    timing with each reference voice) with ``engine``, so no session pays for its first use."""
+    timing and its support check) with ``engine``, so no session pays for its first use."""
     audio = np.concatenate([np.asarray(speech, np.float32), np.zeros(int(_WARM_TAIL_S * SAMPLE_RATE), np.float32)])
     stream = StreamingASR(engine, config)
     for i in range(0, len(audio), _WARM_CHUNK):

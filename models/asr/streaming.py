@@ -20,8 +20,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from whisper.model import Whisper
 
+from alignment.blas import single_threaded_blas
+from alignment.support import judge
 from alignment.text import without_punctuation
-from alignment.timing import VoiceEvidence, end_by_next_start, refine_with_evidence
+from alignment.timing import align_words, end_by_next_start
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
 from models.asr.engine import DecodedWord, Engine, check_audio, get_engine
 from models.vad import StreamingVAD, VADConfig, VADEvent
@@ -163,9 +165,7 @@ class StreamingASR:
         self._committed: list[DecodedWord] = []  # finals in the current window (window-relative)
         self._n_final = 0  # finals emitted in the current utterance
         self._refined: list[WordToken] = []  # this utterance's last final tokens (refinement context)
-        # What the speech so far says about the speaker's voice: the refinement's choice of aligner
-        # and reference voice rests on all of it, not on one emission's few words.
-        self._voice = VoiceEvidence()
+        self.unsupported = 0  # words the audio did not back: held as interims, or dropped at an endpoint
         self._prompt = ""  # finals of this utterance before the current window
         self._hyp: list[DecodedWord] = []  # last hypothesis after the committed words
         self._hyp_history: deque[list[str]] = deque(maxlen=max(self.config.agreement - 1, 1))
@@ -180,6 +180,7 @@ class StreamingASR:
         self._speech_end = -1e9  # pts where the last utterance's speech ended
         self.decode_count = 0
         self.decode_s = 0.0
+        single_threaded_blas()
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -378,9 +379,10 @@ class StreamingASR:
                 break
         # Mid-utterance, a full stop seen on a partial window is not the end of a sentence.
         finals = [replace(w, raw=w.raw.rstrip(".?!") or w.raw) for w in new[:n_agree]]
-        self._hyp = new[n_agree:]
+        events, n_final = self._emit_finals(finals, new[n_agree : n_agree + cfg.refine_follow])
+        # Agreed words the audio does not back (yet) stay interim, and so do the words after them.
+        self._hyp = new[n_final:]
         self._hyp_history.append([w.key for w in self._hyp])
-        events = self._emit_finals(finals)
         base = self._win_start
         for i, w in enumerate(self._hyp[: _audible_prefix(self._hyp)]):
             events.append(WordToken(w.text, base + w.start, base + w.end, False, w.probability,
@@ -388,7 +390,8 @@ class StreamingASR:
         return events
 
     def _finalise(self, audio_end: float, speech_end: float) -> list[ASREvent]:
-        """Every pending word of the utterance becomes final (one more decode if audio is new).
+        """Every pending word of the utterance the audio supports becomes final (one more decode if
+        audio is new); the others are dropped.
 
         The model talking over silence is dropped: words that start after the VAD end of speech,
         trailing words below ``end_min_prob``, and trailing words that repeat the ones before them.
@@ -402,38 +405,76 @@ class StreamingASR:
         pending = _heard_words(self._live_finals, pending, speech_end - self._win_start, self.config.end_min_prob)
         self._hyp = []
         self._hyp_history.clear()
-        return self._emit_finals(pending)
+        return self._emit_finals(pending, [], at_end=True, speech_end=speech_end)[0]
 
-    def _emit_finals(self, words: list[DecodedWord]) -> list[ASREvent]:
+    def _emit_finals(self, words: list[DecodedWord], following: list[DecodedWord], at_end: bool = False,
+                     speech_end: float | None = None) -> tuple[list[ASREvent], int]:
+        """Refine ``words`` (agreed, or the last ones at an endpoint) and make final those the audio
+        supports (:mod:`alignment.support`): mid-utterance the words up to the first unsupported one
+        (it stays interim, and may be backed by more audio), at an endpoint every supported word (the
+        rest are dropped). ``following``: the interim words heard after them. Returns the events
+        and how many of ``words`` were settled (made final or dropped). ``speech_end``: the VAD end
+        of speech, at an endpoint."""
         if not words:
-            return []
+            return [], 0
         base = self._win_start
         toks = [
-            WordToken(w.text, base + w.start, base + w.end, True, w.probability, self._utt, self._n_final + i)
-            for i, w in enumerate(words)
+            WordToken(w.text, base + w.start, base + w.end, True, w.probability, self._utt, 0)
+            for w in words
         ]
         if self.config.refine:
-            # The utterance's last final words lead the reference: a one-word reference (most
-            # finals come one or two at a time) matched any similar stretch of the audio.
-            context = [t for t in self._refined[-self.config.refine_context :]
-                       if t.start >= self._buf.start] if self.config.refine_context else []
-            # The next interim words follow them: the look-ahead audio often holds the next word's
-            # start, which a text ending at the last final word would stretch that word over.
-            follow = [WordToken(w.text, base + w.start, base + w.end, False, w.probability, self._utt, 0)
-                      for w in self._hyp[: self.config.refine_follow]]
-            audio = self._buf.slice(self._buf.start, self._buf.end)
-            refined, self._voice = refine_with_evidence(audio, self._buf.start, context + toks + follow,
-                                                        lookahead_s=self.config.lookahead_s, context=len(context),
-                                                        voice=self._voice, follow=len(follow))
-            refined = end_by_next_start(refined)
-            toks = [replace(t, final=True) for t in refined[len(context) :]]
+            toks, supported = self._refined_and_supported(toks, following, speech_end)
+            n_settled = len(words) if at_end else next((i for i, ok in enumerate(supported) if not ok), len(words))
+            keep = [i for i in range(n_settled) if supported[i]]
+            self.unsupported += n_settled - len(keep) + (not at_end and n_settled < len(words))
+        else:
+            n_settled, keep = len(words), list(range(len(words)))
+        toks = [replace(toks[i], index=self._n_final + k) for k, i in enumerate(keep)]
+        if self.config.refine:
             self._refined = (self._refined + toks)[-max(self.config.refine_context, 1) :]
-        self._committed.extend(words)
-        self._n_final += len(words)
+        kept = [words[i] for i in keep]
+        self._committed.extend(kept)
+        self._n_final += len(kept)
         if self._lead > 0 and self._repeats_carry():
             self._drop_lead()
-        self._utt_text.extend(w.text for w in words)
-        return list(toks)
+        self._utt_text.extend(w.text for w in kept)
+        return list(toks), n_settled
+
+    def _refined_and_supported(self, toks: list[WordToken], following: list[DecodedWord],
+                               speech_end: float | None = None) -> tuple[list[WordToken], list[bool]]:
+        """``toks`` refined by forced alignment, and whether the audio supports each.
+
+        The utterance's last final words lead the alignment (a one- or two-word text matches any
+        similar stretch of the audio); the next interim words follow (the look-ahead audio often
+        holds the next word's start, which a text ending at the last final word would stretch that
+        word over). Where that finds no path, the words are aligned alone once more: a wrong
+        interim word after them must not cost them their evidence.
+        """
+        cfg, base = self.config, self._win_start
+        context = [t for t in self._refined[-cfg.refine_context :]
+                   if t.start >= self._buf.start] if cfg.refine_context else []
+        follow = [WordToken(w.text, base + w.start, base + w.end, False, w.probability, self._utt, 0)
+                  for w in following]
+        audio = self._buf.slice(self._buf.start, self._buf.end)
+        got = align_words(audio, self._buf.start, context + toks + follow, lookahead_s=cfg.lookahead_s,
+                          context=len(context), follow=len(follow))
+        refined, placed = list(got.words[len(context) :]), list(got.placed[len(context) :])
+        # No path for them all: the words alone, then ever shorter runs of their first words (a
+        # made-up word after a real one must not cost the real one its evidence).
+        for k in range(len(toks), max(len(toks) - _PREFIX_TRIES, 0), -1):
+            if all(placed[:k]):
+                break
+            if k == len(toks) and not (context or follow):
+                continue  # that alignment was the one above
+            alone = align_words(audio, self._buf.start, toks[:k], lookahead_s=cfg.lookahead_s)
+            if sum(alone.placed) > sum(placed):
+                refined = list(alone.words) + refined[k:]
+                placed = list(alone.placed) + [False] * (len(toks) - k)
+        refined = [replace(t, final=True) for t in end_by_next_start(context + refined)[len(context) :]]
+        since = max(self._buf.start, refined[0].start - _FLOOR_AUDIO_S)
+        verdict = judge(self._buf.slice(since, self._buf.end), since, refined, placed, before=self._utt_text,
+                        previous_start=self._refined[-1].start if self._refined else None, speech_end=speech_end)
+        return refined, list(verdict.supported)
 
     def _rebase(self) -> None:
         """Window too long: move its start to a final word boundary so a step costs O(1).
@@ -504,6 +545,8 @@ class StreamingASR:
         return audio, [replace(w, start=w.start - a, end=min(w.end - a, b - a)) for w in words]
 
 
+_PREFIX_TRIES = 6  # shorter runs aligned at most, when a run of new finals finds no path
+_FLOOR_AUDIO_S = 3.0  # audio before a word that its support check reads the noise floor from
 _INSTANT_S = 1e-3  # a word shorter than this, or that close to another's start, is at one instant
 
 

@@ -1,4 +1,4 @@
-"""Spectral features and a causal DTW for aligning real speech to a synthetic reference.
+"""Spectral features and a causal DTW for aligning real speech to a synthetic reference (benches only).
 
 Kept apart from :mod:`alignment.timing` so the signal processing (numpy only) can be tested and
 reused without the synthesiser. Rows of every matrix here are frames of the *real* audio and the
@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from alignment.blas import single_threaded_blas
 from alignment.types import SAMPLE_RATE
 
 HOP = 160  # samples: 10 ms frames
@@ -56,24 +57,6 @@ def _dct_matrix(n_in: int = N_MELS, n_out: int = N_CEPS) -> np.ndarray:
     m = np.cos(np.pi / n_in * (n[None, :] + 0.5) * np.arange(n_out)[:, None]) * np.sqrt(2.0 / n_in)
     m[0] /= np.sqrt(2.0)
     return m
-
-
-@lru_cache(maxsize=1)
-def single_threaded_blas() -> bool:
-    """Give the process one BLAS thread (once); False where threadpoolctl is missing.
-
-    numpy's OpenBLAS keeps its worker threads spinning for a while after each threaded call. The
-    matmuls here take about a millisecond, yet the spinning after them cost streaming ASR ~40 % of
-    a second core (one stream, three A/B pairs: 8.9-11.2 CPU s for 6.2-8.2 s wall; with one thread
-    6.6-6.9 CPU s for 6.2-6.6 s). On 2 cores that decode lanes, face analysis and codecs already
-    share, no BLAS call here gains from threads.
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return False
-    threadpool_limits(limits=1, user_api="blas")
-    return True
 
 
 def mel_power(samples: np.ndarray) -> np.ndarray:

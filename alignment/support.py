@@ -1,0 +1,141 @@
+"""Whether the audio supports a recognised word: no final word the audio did not say.
+
+tiny.en, given a short window, can say what is not there: a one-word utterance came out as a
+phrase repeated three times, several of its words at one instant. A word may become final only
+when the audio backs it:
+
+* the forced alignment (:mod:`alignment.forced`, a human-speech acoustic model) found it;
+* its aligned span is over speech, not silence: enough of its 10 ms frames stand ``LOUD_DB``
+  above the floor of the audio around it (a low percentile of that audio's levels, so steady noise
+  raises it instead of reading as speech) and within ``SPEECH_RANGE_DB`` of its loudest frame (a
+  room's tail after clean speech is not speech), and it starts before the end of speech;
+* its aligned duration is one a word can have (at most ``MAX_WORD_S``), and it starts after the word
+  before it (``MIN_STEP_S`` on): two words at one start share one word's audio;
+* a repeat of the words just before it (a loop) needs each of its words well over speech;
+* the utterance's text does not compress like a loop (Whisper's compression-ratio rule).
+
+Whisper's own no-speech probability is applied in the engine, on every decoded window.
+Cheap: the alignment is the one the refinement makes anyway; the rest is a few numpy passes.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from alignment.text import agreement_key
+from alignment.types import SAMPLE_RATE, WordToken
+
+FRAME_S = 0.01
+#: A frame this far above the floor, and within SPEECH_RANGE_DB of the loudest, is speech.
+LOUD_DB = 6.0
+SPEECH_RANGE_DB = 35.0
+#: Share of a word's frames that must be speech (a stop's closure and a soft ending are quiet).
+MIN_LOUD_SHARE = 0.2
+#: ... and for a word that repeats the words before it (a loop must show its audio).
+LOOP_LOUD_SHARE = 0.4
+#: The floor: this percentile of the levels of the audio given (it holds some pause or pre-roll).
+FLOOR_PERCENTILE = 10.0
+#: Levels are clipped here: digital silence is not a floor to stand above.
+FLOOR_DBFS = -70.0
+MAX_WORD_S = 2.0
+#: A word starts at least this long after the word before it.
+MIN_STEP_S = 0.03
+#: Whisper's rule: a text that gzip compresses better than this is a repetition loop.
+MAX_COMPRESSION_RATIO = 2.4
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Per word: supported, or why not (``"unplaced"``, ``"silent"``, ``"duration"``, ``"overlap"``,
+    ``"loop"``)."""
+
+    reasons: tuple[str, ...]
+
+    @property
+    def supported(self) -> tuple[bool, ...]:
+        return tuple(not r for r in self.reasons)
+
+
+def levels_db(samples: np.ndarray) -> np.ndarray:
+    """RMS level (dBFS) of consecutive 10 ms frames, clipped at :data:`FLOOR_DBFS`."""
+    hop = int(FRAME_S * SAMPLE_RATE)
+    n = len(samples) // hop
+    if n == 0:
+        return np.zeros(0)
+    x = np.asarray(samples[: n * hop], np.float64).reshape(n, hop)
+    return np.maximum(10.0 * np.log10(np.maximum(np.mean(x * x, axis=1), 1e-20)), FLOOR_DBFS)
+
+
+def compression_ratio(text: str) -> float:
+    """Whisper's compression ratio of ``text`` (bytes / zlib-compressed bytes)."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def judge(
+    samples: np.ndarray, t0: float, words: Sequence[WordToken], placed: Sequence[bool],
+    before: Sequence[str] = (), previous_start: float | None = None, speech_end: float | None = None,
+) -> Verdict:
+    """Which of ``words`` (refined, in order) the audio supports.
+
+    ``samples``: 16 kHz audio whose first sample is at ``t0`` (session s), holding the words and
+    some audio before them; ``placed``: per word, whether the forced alignment found it;
+    ``before``: the utterance's words before these (already final), for the loop rules;
+    ``previous_start``: the start of the word before the first of these, if any; ``speech_end``:
+    where the utterance's speech ended (the VAD's end), at an endpoint.
+    """
+    if len(placed) != len(words):
+        raise ValueError("one placed flag per word")
+    levels = levels_db(samples)
+    floor = float(np.percentile(levels, FLOOR_PERCENTILE)) if levels.size else FLOOR_DBFS
+    peak = float(levels.max()) if levels.size else FLOOR_DBFS
+    loud = levels >= max(floor + LOUD_DB, peak - SPEECH_RANGE_DB)
+    keys = [agreement_key(w) for w in before] + [agreement_key(w.text) for w in words]
+    loop = _loop_words(keys)[len(before) :]
+    text = " ".join([*before, *(w.text for w in words)])
+    looping = compression_ratio(text) > MAX_COMPRESSION_RATIO
+    reasons = []
+    last = -np.inf if previous_start is None else previous_start
+    for k, (w, ok) in enumerate(zip(words, placed, strict=True)):
+        share = _loud_share(loud, t0, w.start, w.end)
+        step, last = w.start - last, w.start
+        if looping:
+            reasons.append("loop")
+        elif not ok:
+            reasons.append("unplaced")
+        elif w.end - w.start > MAX_WORD_S:
+            reasons.append("duration")
+        elif step < MIN_STEP_S:
+            reasons.append("overlap")
+        elif speech_end is not None and w.start >= speech_end - MIN_STEP_S:
+            reasons.append("silent")
+        elif share < (LOOP_LOUD_SHARE if loop[k] else MIN_LOUD_SHARE):
+            reasons.append("loop" if loop[k] and share >= MIN_LOUD_SHARE else "silent")
+        else:
+            reasons.append("")
+    return Verdict(tuple(reasons))
+
+
+def _loud_share(loud: np.ndarray, t0: float, start: float, end: float) -> float:
+    """Share of the 10 ms frames in [start, end) that are speech (0 outside the audio)."""
+    a = max(int(np.floor((start - t0) / FRAME_S)), 0)
+    b = min(int(np.ceil((end - t0) / FRAME_S)), loud.size)
+    return float(loud[a:b].mean()) if b > a else 0.0
+
+
+def _loop_words(keys: Sequence[str]) -> list[bool]:
+    """Per word: it belongs to a copy of the word run just before it (``a b a b``: the second
+    ``a b``; ``x x x``: the second and third ``x``)."""
+    flags = [False] * len(keys)
+    for i in range(len(keys)):
+        for n in range(1, i // 2 + 1 + 1):
+            if i - 2 * n + 1 < 0:
+                break
+            if keys[i - n + 1 : i + 1] == keys[i - 2 * n + 1 : i - n + 1]:
+                flags[i - n + 1 : i + 1] = [True] * n
+                break
+    return flags

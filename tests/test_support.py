@@ -1,0 +1,87 @@
+"""No final word the audio does not support: the support check on real speech, and the streaming
+recogniser keeping a made-up phrase out of its finals while the word that was said comes through."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from alignment.support import compression_ratio, judge
+from alignment.text import agreement_key
+from alignment.timing import align_words
+from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
+from app.loadtest import testmedia
+from models.asr import DecodedWord, StreamingASR, StreamingConfig
+
+LEAD_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def sentence() -> testmedia.Speech:
+    sp = testmedia.speak("please call me back when you have a moment", "en-us", lead_in_s=LEAD_S)
+    return testmedia.Speech(np.concatenate([sp.samples, np.zeros(SAMPLE_RATE, np.float32)]), sp.words, sp.text)
+
+
+def _truth_tokens(sp: testmedia.Speech) -> list[WordToken]:
+    starts = [w.start for w in sp.words] + [sp.duration - 1.0]
+    return [WordToken(w.text, starts[i], starts[i + 1], index=i) for i, w in enumerate(sp.words)]
+
+
+def test_words_said_are_supported_and_words_over_silence_are_not(sentence):
+    refined = align_words(sentence.samples, 0.0, _truth_tokens(sentence))
+    assert all(refined.placed)
+    assert all(judge(sentence.samples, 0.0, refined.words, refined.placed).supported)
+    silent = [WordToken("help", 0.05, 0.3), WordToken("yourself", 0.3, 0.45)]  # the lead-in: no speech
+    assert judge(sentence.samples, 0.0, silent, [True, True]).reasons == ("silent", "silent")
+    assert judge(sentence.samples, 0.0, refined.words[:1], [False]).reasons == ("unplaced",)
+    long = [WordToken("a", 0.4, 3.0)]
+    assert judge(sentence.samples, 0.0, long, [True]).reasons == ("duration",)
+
+
+def test_a_loop_needs_its_audio_and_a_long_loop_is_refused_outright(sentence):
+    words = list(align_words(sentence.samples, 0.0, _truth_tokens(sentence)).words)
+    # "call me" said again, placed over the sentence's last words' quieter ends: a loop's copies
+    # must stand on speech more than a first mention does.
+    assert judge(sentence.samples, 0.0, words[:3], [True] * 3, before=()).supported == (True,) * 3
+    loop = "help yourself to " * 6
+    assert compression_ratio(loop) > 2.4 > compression_ratio(sentence.text)
+    reasons = judge(sentence.samples, 0.0, words[:2], [True] * 2, before=loop.split()).reasons
+    assert reasons == ("loop", "loop")
+
+
+class _LoopingEngine:
+    """Hears the one word that was said, then makes up a phrase three times at one instant inside
+    it (what tiny.en did with a one-word "Phil."). Not a model: it isolates what
+    the finalisation policy does with such a hypothesis."""
+
+    name = "scripted"
+
+    def __init__(self, word: tuple[str, float, float]) -> None:
+        self.word = word
+
+    def transcribe(self, audio, prefix=(), prompt="", draft=(), expect_words=False):  # noqa: ANN001, ANN201
+        dur = len(audio) / SAMPLE_RATE
+        raw, a, b = self.word
+        if dur < b + 0.1:
+            return [DecodedWord(w, 0.0, 0.0, 1.0) for w in prefix]
+        at = (a + b) / 2  # several words at one instant, inside the word that was said
+        made_up = [DecodedWord(" " + w, at, at, 0.9) for w in "help yourself to help yourself to help yourself".split()]
+        heard = [DecodedWord(raw, a, b, 0.9), *made_up]
+        k = 0
+        while k < min(len(prefix), len(heard)) and agreement_key(prefix[k]) == heard[k].key:
+            k += 1
+        return [DecodedWord(w, 0.0, 0.0, 1.0) for w in prefix] + heard[k:]
+
+
+def test_a_made_up_phrase_after_a_one_word_utterance_is_never_final():
+    word = testmedia.speak("Phil", "en-us", lead_in_s=LEAD_S)
+    audio = np.concatenate([word.samples, np.zeros(SAMPLE_RATE, np.float32)])
+    onset = word.words[0].start
+    loud = np.nonzero(np.abs(word.samples) > 0.01)[0]
+    end = (loud[-1] + 1) / SAMPLE_RATE
+    asr = StreamingASR(_LoopingEngine((" Phil.", onset - 0.15, end - 0.15)), StreamingConfig(carry_s=0.0))
+    events = [e for i in range(0, audio.size, 320) for e in asr.feed(AudioChunk(i / SAMPLE_RATE, audio[i : i + 320]))]
+    events += asr.flush()
+    finals = [e.text for e in events if isinstance(e, WordToken) and e.final]
+    assert finals == ["Phil."] or finals == ["Phil"], finals
+    assert asr.unsupported >= 1
