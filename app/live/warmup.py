@@ -15,8 +15,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from alignment.espeak import synthesize_speech
 from alignment.blas import single_threaded_blas
+from alignment.espeak import synthesize_speech
 from alignment.types import AU_NAMES, AUSample, VideoFrame
 from app import pipeline
 from app.live.asr_prestart import take_started_lanes
