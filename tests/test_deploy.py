@@ -268,9 +268,13 @@ async def _send_garbage(peer: WhipPeer, seconds: float, rate: int = 60) -> None:
     tr = next(t for t in peer.pc.getTransceivers() if t.kind == "video")
     sender = tr.sender
     sender.replaceTrack(None)
+    await asyncio.sleep(0.2)
     pt, ext = _video_pt(peer), sender._RTCRtpSender__rtp_header_extensions_map
     rng = random.Random(7)
-    seq, ts = rng.randrange(1 << 16), rng.randrange(1 << 32)
+    # continue the stream the receiver knows (a jump in sequence numbers would be dropped as stale)
+    history = {p.sequence_number: p for p in sender._RTCRtpSender__rtp_history.values()}
+    last = next(history[s] for s in history if (s + 1) & 0xFFFF not in history)
+    seq, ts = (last.sequence_number + 1) & 0xFFFF, (last.timestamp + 90_000 // rate) & 0xFFFFFFFF
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and peer.pc.connectionState == "connected":
         packet = RtpPacket(payload_type=pt, sequence_number=seq, timestamp=ts, ssrc=sender._ssrc, marker=1,
