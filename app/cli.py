@@ -240,7 +240,6 @@ def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> N
                         "festival (local, default), openai (an OpenAI-compatible /audio/speech at --tts-url), off")
     p.add_argument("--tts-url", default=None, help="OpenAI-compatible TTS base URL for --tts openai (…/v1)")
     p.add_argument("--tts-voice", default=None, help="the answer's voice (festival: slt_hts; openai: alloy)")
-    p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN)")
     p.add_argument("--auth-token", default=None, help="require this bearer token on /whip (or $SYNCHRONY_TOKEN); "
                    "required off loopback")
     p.add_argument("--no-auth", action="store_true",
