@@ -21,7 +21,6 @@ time from the drawn mouths, the text time is the ``answer_word`` event's.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
@@ -38,6 +37,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from alignment.clock import SessionClock
 from alignment.types import SAMPLE_RATE, AnswerEnd, AnswerOutcome, SpokenPhone, SpokenPhrase, TokenRatePolicy
+from app.live.answer_audio import AUDIO_RATE, KEEP_AUDIO_S, MAX_LAG_S, envelope_lag, resample_16k, room_noise, to_pcm48
 from app.live.events import AnswerStartEvent, AnswerSyncEvent, AnswerWordEvent, WarningEvent
 from app.live.stages import AnswerConfig, Avatar, Mouth, Stage, StageHost, Voice
 
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("synchrony.answer")
 
-AUDIO_RATE = 48_000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz
 FRAME_S = FRAME_SAMPLES / AUDIO_RATE
 AVATAR_FPS = 16
@@ -56,10 +55,7 @@ DECIMATE = AUDIO_RATE // SAMPLE_RATE
 SYNC_TOLERANCE_MS = 50.0
 #: A word is checked once this long after its end has been sent (the frames around it are drawn).
 SYNC_AFTER_S = 0.3
-#: How far the drawn mouths may lag or lead the audio for the fit to find it.
-MAX_LAG_S = 0.2
-#: Sent audio kept for the checks (16 kHz), and drawn mouths (frames).
-KEEP_AUDIO_S = 8.0
+#: Drawn mouths kept for the checks (frames).
 KEEP_FRAMES = 160
 #: After the synthesizer failed, answers are text only for this long before it is tried again.
 TTS_RETRY_S = 30.0
@@ -156,7 +152,7 @@ class Answer:
         wpm = voice.wpm(self._policy())
         try:
             phrase = await asyncio.wait_for(voice.synthesizer.synthesize(text, wpm), self.player.synth_timeout_s)
-            pcm = await asyncio.get_running_loop().run_in_executor(None, _to_pcm48, phrase)
+            pcm = await asyncio.get_running_loop().run_in_executor(None, to_pcm48, phrase)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any TTS failure: the answer goes on as text
@@ -422,13 +418,13 @@ class AnswerPlayer:
             return None
         sent = self._sent_audio[:self._sent_n]
         prev = a.words[w.index - 1].start if w.index > 0 else None
-        onset = onset_after_silence(sent + _room_noise()[:self._sent_n], self._sent_t0, w.start, prev)
+        onset = onset_after_silence(sent + room_noise()[:self._sent_n], self._sent_t0, w.start, prev)
         if onset is not None:
             return onset
         ph = self._phrase_of(a, w)
         if ph is None or ph.start is None:
             return None
-        src = ph.source.audio if ph.source.sample_rate == SAMPLE_RATE else _resample(ph.source.audio,
+        src = ph.source.audio if ph.source.sample_rate == SAMPLE_RATE else resample_16k(ph.source.audio,
                                                                                     ph.source.sample_rate)
         lag = envelope_lag(sent, self._sent_t0, src, ph.start, w.start, w.end)
         return None if lag is None else w.start + lag
@@ -455,64 +451,6 @@ class AnswerPlayer:
         costs = np.array([float(np.mean((drawn - np.interp(pts - lag, grid, want)) ** 2)) for lag in lags])
         best = lags[int(np.argmin(np.round(costs, 9) + 1e-6 * np.abs(lags)))]
         return w.start + float(best)
-
-
-#: The level of a quiet room (dBFS) added to the sent audio before its onsets are looked for: between
-#: answers the track sends digital silence, and a synthesizer's own pauses lie far above that (about
-#: -75 dBFS), so without a floor a phrase's first quiet samples would read as its onset.
-ROOM_DBFS = -60.0
-
-
-@functools.cache
-def _room_noise() -> np.ndarray:
-    rng = np.random.default_rng(0)
-    noise = rng.standard_normal(int(KEEP_AUDIO_S * SAMPLE_RATE)).astype(np.float32) * 10 ** (ROOM_DBFS / 20)
-    noise.flags.writeable = False
-    return noise
-
-
-def envelope_lag(sent: np.ndarray, sent_t0: float, src: np.ndarray, src_t0: float, start: float,
-                 end: float, max_lag_s: float = MAX_LAG_S) -> float | None:
-    """How late (s) the word [start, end) (session s, placed by ``src_t0``) lies in ``sent`` (16 kHz
-    from ``sent_t0``): the lag that best matches the two 5 ms level envelopes."""
-    hop = SAMPLE_RATE // 200
-    i0 = int(round((start - 0.05 - src_t0) * SAMPLE_RATE))
-    i1 = int(round((end + 0.05 - src_t0) * SAMPLE_RATE))
-    i0, i1 = max(i0, 0), min(i1, len(src))
-    if i1 - i0 < 4 * hop:
-        return None
-    ref = _env(src[i0:i1], hop)
-    best, best_cost = None, math.inf
-    for k in range(-int(max_lag_s * 200), int(max_lag_s * 200) + 1):
-        j0 = int(round((src_t0 + i0 / SAMPLE_RATE - sent_t0) * SAMPLE_RATE)) + k * hop
-        if j0 < 0 or j0 + (i1 - i0) > len(sent):
-            continue
-        cost = float(np.mean((_env(sent[j0:j0 + i1 - i0], hop) - ref) ** 2))
-        if cost < best_cost - 1e-9:
-            best, best_cost = k / 200, cost
-    return best
-
-
-def _env(x: np.ndarray, hop: int) -> np.ndarray:
-    n = len(x) // hop
-    frames = x[:n * hop].reshape(n, hop).astype(np.float64)
-    return 10 * np.log10(np.mean(frames ** 2, axis=1) + 1e-8)
-
-
-def _resample(x: np.ndarray, rate: int) -> np.ndarray:
-    from alignment.espeak import resample
-
-    return resample(np.asarray(x, np.float32), rate, SAMPLE_RATE)
-
-
-def _to_pcm48(phrase: SpokenPhrase) -> np.ndarray:
-    """The phrase's audio as the track sends it: 48 kHz int16 (a worker thread)."""
-    from alignment.espeak import resample
-
-    if phrase.sample_rate <= 0 or phrase.audio.ndim != 1 or not np.isfinite(phrase.audio).all():
-        raise ValueError("the synthesizer returned unusable audio")
-    x = resample(np.asarray(phrase.audio, np.float32), phrase.sample_rate, AUDIO_RATE)
-    return (np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
 
 
 # --- the tracks --------------------------------------------------------------------------------------
@@ -622,11 +560,11 @@ class AvatarTrack(MediaStreamTrack):
         if mouth is None:
             if self._idle is None:
                 rest = self.player.voice.rest
-                image = await asyncio.get_running_loop().run_in_executor(_RENDER_POOL, _draw, avatar, rest)
+                image = await asyncio.get_running_loop().run_in_executor(_RENDER_POOL, draw_avatar, avatar, rest)
                 self._idle = to_yuv420p(image)
             frame = self._idle
         else:
-            image = await asyncio.get_running_loop().run_in_executor(_RENDER_POOL, _draw, avatar, mouth, t)
+            image = await asyncio.get_running_loop().run_in_executor(_RENDER_POOL, draw_avatar, avatar, mouth, t)
             frame = to_yuv420p(image)
             self.drawn += 1
         self.player.drawn(t, mouth)
@@ -640,74 +578,9 @@ class AvatarTrack(MediaStreamTrack):
         return int(round(t * VIDEO_CLOCK))
 
 
-def _draw(avatar: Avatar, mouth: Mouth | None, t: float | None = None) -> np.ndarray:
+def draw_avatar(avatar: Avatar, mouth: Mouth | None, t: float | None = None) -> np.ndarray:
     if mouth is None:
         from models.visemes import REST
 
         mouth = REST
     return avatar.draw(mouth, t=t)
-
-
-# --- one answer without a peer (warm-up) --------------------------------------------------------------
-
-
-class _LocalHost:
-    """A stand-in session: collects the events, runs the tasks."""
-
-    id = "warm-up"
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.events: list[object] = []
-        self.failures: list[BaseException] = []
-        self.degraded: dict[str, str] = {}
-
-    def emit(self, event: object) -> bool:
-        self.events.append(event)
-        return True
-
-    def fail_stage(self, stage: Stage, exc: BaseException) -> None:
-        self.failures.append(exc)
-
-    def spawn(self, coro: object, name: Stage) -> asyncio.Task[None]:
-        return asyncio.ensure_future(coro)  # type: ignore[arg-type]
-
-
-class _Quiet:
-    """An observer that records nothing."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
-
-
-async def speak_once(voice: Voice, text: str, timeout_s: float = 20.0) -> list[object]:
-    """Run one answer through a player (synthesis, resampling, playback bookkeeping, the mouth, one
-    avatar frame) as fast as it goes, without tracks; returns the events it emitted. Raises when
-    the synthesizer failed."""
-    from alignment.types import TokenRatePolicy
-
-    host, clock = _LocalHost(), SessionClock()
-    clock.zero_wall = time.monotonic()
-    player = AnswerPlayer(host, clock, voice, AnswerConfig(), _Quiet())  # type: ignore[arg-type]
-    policy = TokenRatePolicy(8.0, 64, 0.5)
-    answer = player.begin(0, None, lambda: policy)
-    for i, word in enumerate(text.split()):
-        answer.feed(word if i == 0 else " " + word)
-    answer.close_input()
-    t, deadline, drew = 0.0, time.monotonic() + timeout_s, False
-    while not answer.finished.is_set() and time.monotonic() < deadline:
-        if player.audio_at(t) is None:
-            await asyncio.sleep(0.01)
-        elif voice.avatar is not None and not drew:
-            mouth = player.mouth_at(t)
-            if mouth is not None:
-                await asyncio.get_running_loop().run_in_executor(None, _draw, voice.avatar, mouth)
-                drew = True
-        t += FRAME_S
-    player.close()
-    warnings = [e for e in host.events if isinstance(e, WarningEvent)]
-    if warnings or answer.failed:
-        raise RuntimeError(warnings[0].message if warnings else "speech synthesis failed")
-    if not answer.finished.is_set():
-        raise TimeoutError(f"the answer was not spoken within {timeout_s:g} s")
-    return host.events

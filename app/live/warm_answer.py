@@ -1,4 +1,5 @@
-"""Warm the answer path before the server says ready, against a local dummy, never the operator's LLM.
+"""Warm the answer path before the server says ready, against a local dummy, never the operator's LLM; and
+one spoken answer without a peer (``speak_once``: synthesis, playback bookkeeping, one avatar frame).
 
 The first session on a fresh server used to pay first-use costs inside its first answer (imports,
 the HTTP client's set-up, the SSE parser, the word assembler, the pacer, the wire encoding), which
@@ -13,12 +14,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
+from alignment.clock import SessionClock
 from alignment.lst import LSTMeter
 from alignment.pacing import TokenPacer
 from alignment.types import TokenRatePolicy
+from app.live.answer import FRAME_S, AnswerPlayer, draw_avatar
 from app.live.answer_lst import MeteredAnswer
-from app.live.events import LSTEvent, ResponseEvent
+from app.live.events import LSTEvent, ResponseEvent, WarningEvent
+from app.live.stages import AnswerConfig, Stage, Voice
 
 _PIECES = ("Warm", "ing", " up", " the", " answer", " path.")
 
@@ -71,3 +76,65 @@ async def _answer(responder_name: str) -> int:
 def warm_answer(responder_name: str) -> int:
     """Run one answer end to end on a private loop (call from a thread); returns the words sent."""
     return asyncio.run(_answer(responder_name))
+
+
+class _LocalHost:
+    """A stand-in session: collects the events, runs the tasks."""
+
+    id = "warm-up"
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.events: list[object] = []
+        self.failures: list[BaseException] = []
+        self.degraded: dict[str, str] = {}
+
+    def emit(self, event: object) -> bool:
+        self.events.append(event)
+        return True
+
+    def fail_stage(self, stage: Stage, exc: BaseException) -> None:
+        self.failures.append(exc)
+
+    def spawn(self, coro: object, name: Stage) -> asyncio.Task[None]:
+        return asyncio.ensure_future(coro)  # type: ignore[arg-type]
+
+
+class _Quiet:
+    """An observer that records nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+async def speak_once(voice: Voice, text: str, timeout_s: float = 20.0) -> list[object]:
+    """Run one answer through a player (synthesis, resampling, playback bookkeeping, the mouth, one
+    avatar frame) as fast as it goes, without tracks; returns the events it emitted. Raises when
+    the synthesizer failed."""
+    from alignment.types import TokenRatePolicy
+
+    host, clock = _LocalHost(), SessionClock()
+    clock.zero_wall = time.monotonic()
+    player = AnswerPlayer(host, clock, voice, AnswerConfig(), _Quiet())  # type: ignore[arg-type]
+    policy = TokenRatePolicy(8.0, 64, 0.5)
+    answer = player.begin(0, None, lambda: policy)
+    for i, word in enumerate(text.split()):
+        answer.feed(word if i == 0 else " " + word)
+    answer.close_input()
+    t, deadline, drew = 0.0, time.monotonic() + timeout_s, False
+    while not answer.finished.is_set() and time.monotonic() < deadline:
+        if player.audio_at(t) is None:
+            await asyncio.sleep(0.01)
+        elif voice.avatar is not None and not drew:
+            mouth = player.mouth_at(t)
+            if mouth is not None:
+                await asyncio.get_running_loop().run_in_executor(None, draw_avatar, voice.avatar, mouth)
+                drew = True
+        t += FRAME_S
+    player.close()
+    warnings = [e for e in host.events if isinstance(e, WarningEvent)]
+    if warnings or answer.failed:
+        raise RuntimeError(warnings[0].message if warnings else "speech synthesis failed")
+    if not answer.finished.is_set():
+        raise TimeoutError(f"the answer was not spoken within {timeout_s:g} s")
+    return host.events

@@ -172,8 +172,9 @@ def _warm_voice(config: ServerConfig, state: WarmState) -> None:
     from concurrent.futures import ThreadPoolExecutor
     from functools import partial
 
-    from app.live.answer import AVATAR_FPS, speak_once
+    from app.live.answer import AVATAR_FPS
     from app.live.stages import Voice
+    from app.live.warm_answer import speak_once
     from models import tts
 
     options: dict[str, object] = {}
