@@ -65,7 +65,7 @@ def refine_word_times(
     aligned after the others so the audio past the last refined word has a word to go to; they
     are not returned.
     """
-    return align_words(audio, audio_start_pts, words, lookahead_s, context, follow).words
+    return list(align_words(audio, audio_start_pts, words, lookahead_s, context, follow).words)
 
 
 def align_words(
