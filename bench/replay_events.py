@@ -69,10 +69,10 @@ DATA = ROOT / "bench" / "data" / "replay_events.json"
 #: change from run to run, so their values are replaced by "~" (the key stays, in its place).
 WALL_CLOCK_FIELDS: dict[str, tuple[str, ...]] = {
     # ms from the end of speech / previous token to this token's paced emission (wall clock)
-    "response": ("ms_after_utterance", "ttft_ms", "turn_ms", "itl_ms"),
+    "response": ("ms_after_utterance", "ttft_ms", "hold_ms", "turn_ms", "itl_ms"),
     # LST figures are percentiles/σ of those same wall-clock intervals; the tier follows from them
     "lst": ("ttft_ms_p99", "ttft_ms_p50", "turn_ms_p50", "turn_ms_p95", "turn_ms_p99", "itl_ms_max",
-            "itl_ms_last", "jitter_ms", "jitter_ms_last8", "tier"),
+            "itl_ms_last", "jitter_ms", "jitter_ms_last8", "tier", "hold_ms_p50", "hold_ms_p99"),
 }
 WALL = "~"
 SYNC_REFRESH_GAP_S = 1.05  # > the session's 1 s estimate refresh period

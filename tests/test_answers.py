@@ -157,7 +157,7 @@ def test_answer_figures_pool_per_peer_and_per_round():
     assert pooled_answers([{"connected": True, "answer": counted}]) == {"starts": 3, "audio_packets": 1000,
                                                                         "avatar_frames": 0}
     agg = {"peers": 1, "connected": 1, "latency_ms_p50": 1, "latency_ms_p95": 2, "final_latency_ms_p95": 3,
-           "recall": 1.0, "level3_pass_rate": 1.0, "level3_checks": 1, "ttft_ms_p50": 1, "bounds": {"ok": True},
+           "recall": 1.0, "level3_pass_rate": 1.0, "level3_checks": 1, "turn_ms_p50": 1, "bounds": {"ok": True},
            "answer": pooled}
     assert "spoken answers: 4 (7 started), voice-to-voice p50 600.0 ms" in text_summary({"rounds": [
         {"aggregate": agg, "peers": []}]})
