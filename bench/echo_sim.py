@@ -164,10 +164,13 @@ def make_scene(rng: np.random.Generator, answer: str, user: tuple[str, str] | No
 
 
 def make_peer_scene(rng: np.random.Generator, answer: str, bulk_s: float = 0.1, jitter_s: float = 0.008,
-                    room_seed: int = 0, answer_pts: float = 0.5) -> Scene:
+                    room_seed: int = 0, answer_pts: float = 0.5, stall_p: float = 0.0,
+                    stall_s: tuple[float, float] = (0.03, 0.2)) -> Scene:
     """The load-test peer's echo path (app/loadtest/answers.EchoPath, the room of ``bench/voice.py --seed``):
     each received 20 ms frame is "played" at its arrival time (``bulk_s`` of network + jitter buffer, plus a
-    per-frame arrival jitter up to ``jitter_s``) and mixed back into the mic through the sparse tap response."""
+    per-frame arrival jitter up to ``jitter_s``) and mixed back into the mic through the sparse tap response.
+    ``stall_p``: chance per frame that the server's event loop stalls (``stall_s`` long) before sending it: the
+    frames due meanwhile go out in a burst at its end, with their scheduled pts (what ``played`` is told)."""
     from scipy.signal import resample_poly
 
     from app.loadtest.answers import EchoPath, RoomResponse
@@ -179,8 +182,14 @@ def make_peer_scene(rng: np.random.Generator, answer: str, bulk_s: float = 0.1, 
     up = resample_poly(ans, 3, 1).astype(np.float32)
     total = answer_pts + ans.size / SR + 1.5
     n48 = int(total * 48_000) // 960 * 960
-    played_at = [(answer_pts + bulk_s + k * 0.02 + float(rng.uniform(0, jitter_s)), up[k * 960 : (k + 1) * 960])
-                 for k in range(up.size // 960)]
+    played_at, free_at = [], 0.0
+    for k in range(up.size // 960):
+        sched = answer_pts + k * 0.02
+        if stall_p and rng.random() < stall_p:
+            free_at = max(free_at, sched) + float(rng.uniform(*stall_s))
+        sent = max(sched, free_at)
+        played_at.append((sent + bulk_s + float(rng.uniform(0, jitter_s)), up[k * 960 : (k + 1) * 960]))
+    played_at.sort(key=lambda p: p[0])
     echo48 = np.zeros(n48, np.float32)
     j = 0
     for f in range(0, n48, 960):
