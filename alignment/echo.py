@@ -47,7 +47,7 @@ class EchoConfig:
     delay_window_s: float = 1.0
     min_delay_s: float = 0.01  # a lag below this is a false peak (no real path is that short)
     spread_s: float = 0.1  # the delay may move this much either way (sender stalls, jitter buffer)
-    trust_erle_db: float = 3.0  # the locked delay narrows the suppressor only once the filter cancels this much
+    trust_erle_db: float = 1.0  # the locked delay narrows the suppressor only once the filter cancels this much
 
     def __post_init__(self) -> None:
         if self.block < 32 or self.partitions < 1 or not 0 < self.step < 2:
