@@ -10,7 +10,9 @@ Three stages, numpy only, per mic block on the session clock:
    output is used) copies it only when it cancels better, and is copied back when it diverges.
 3. Residual echo suppression: per band, the echo still left is predicted from the played audio's
    band power (aligned, with a reverberant decay) times a learned coupling; bands the prediction
-   explains are pulled down to a floor, bands louder than it (the user) pass.
+   explains are pulled down to a floor, bands louder than it (the user) pass. The prediction
+   assumes any delay until a locked delay is *trusted* (its filter cancels a few dB), and then still
+   spans ``spread_s`` around it: a sender stall or a jitter buffer moves the live delay by tens of ms.
 
 When nothing was played recently ``process`` returns the chunk itself.
 """
@@ -43,6 +45,9 @@ class EchoConfig:
     rt60_s: float = 0.8  # decay assumed for the predicted residual's reverberant tail
     delay_every_s: float = 0.5  # delay re-estimation period once locked (0.1 s before)
     delay_window_s: float = 1.0
+    min_delay_s: float = 0.01  # a lag below this is a false peak (no real path is that short)
+    spread_s: float = 0.1  # the delay may move this much either way (sender stalls, jitter buffer)
+    trust_erle_db: float = 1.0  # the locked delay narrows the suppressor only once the filter cancels this much
 
     def __post_init__(self) -> None:
         if self.block < 32 or self.partitions < 1 or not 0 < self.step < 2:
@@ -136,6 +141,8 @@ class EchoCanceller:
         self._hf = np.zeros((self.P, bins), np.complex64)  # foreground filter (used)
         self._hb = np.zeros((self.P, bins), np.complex64)  # background filter (always adapts)
         self._ef = self._eb = 0.0  # smoothed error energies of the two filters
+        self._erle_d = self._erle_e = 0.0  # smoothed mic / foreground-output energy while echo plays
+        self._trusted = False
         self._pxx = np.full(bins, 1e-6, np.float32)
         self._err = np.zeros(self.B, np.float32)  # previous block's output (suppression frame)
         self._coupling = np.full(self.bands, cfg.coupling0, np.float32)
@@ -185,6 +192,17 @@ class EchoCanceller:
         horizon = int((self.config.max_delay_s + self.config.tail_s) * SAMPLE_RATE)
         return self._played_until >= 0 and mic_end < self._played_until + horizon
 
+    @property
+    def trusted(self) -> bool:
+        """A delay is locked and the linear filter around it really cancels the echo (else the suppressor
+        keeps assuming any delay: a wrong lock would let the echo through as the user)."""
+        if self.delay is None:
+            return False
+        if not self._trusted:  # latched until the delay moves: the user talking over it lowers the ERLE
+            ratio = 10 ** (self.config.trust_erle_db / 10)
+            self._trusted = self._erle_d > ratio * self._erle_e and self._erle_d > 1e-6
+        return self._trusted
+
     # ---- the mic side ----------------------------------------------------------------------------
     def process(self, chunk: AudioChunk) -> AudioChunk:
         """``chunk`` with the echo of the played answer removed (the same object when none can arrive)."""
@@ -217,7 +235,7 @@ class EchoCanceller:
             return
         lag, conf = self._delay_est.estimate(mic, far)
         self.delay_log.append((end / SAMPLE_RATE, lag, conf))
-        if conf < 9.0:
+        if conf < 9.0 or lag < int(cfg.min_delay_s * SAMPLE_RATE):
             return
         if self._candidate is not None and abs(lag - self._candidate) <= 2 * _DECIM:
             self._set_delay(lag)
@@ -230,6 +248,8 @@ class EchoCanceller:
             self._hf[:] = 0
             self._hb[:] = 0
             self._ef = self._eb = 0.0
+            self._erle_d = self._erle_e = 0.0
+            self._trusted = False
         self.delay = lag
 
     def _block(self, n: int, d: np.ndarray) -> np.ndarray:
@@ -260,6 +280,8 @@ class EchoCanceller:
             g[:, B:] = 0
             self._hb += (self.config.step * np.fft.rfft(g, axis=1)).astype(np.complex64)
             self._two_path(float(np.dot(ef, ef)), float(np.dot(eb, eb)), float(np.dot(d, d)))
+            self._erle_d = 0.97 * self._erle_d + 0.03 * float(np.dot(d, d))
+            self._erle_e = 0.97 * self._erle_e + 0.03 * float(np.dot(ef, ef))
         return ef.astype(np.float32)
 
     def _two_path(self, efe: float, ebe: float, de: float) -> None:
@@ -275,14 +297,16 @@ class EchoCanceller:
             self._hb[:] = self._hf
             self._eb = self._ef
 
-    def _predicted_far(self, n: int) -> np.ndarray:
-        """Played band power that may be echoing at ``n``: max over the uncertain delay range, with a
-        reverberant decay for older frames."""
+    def _predicted_far(self, n: int, spread: int | None) -> np.ndarray:
+        """Played band power that may be echoing at ``n``: max over the uncertain delay range (the locked
+        delay widened by ``spread`` samples, or any delay while none is trusted), with a reverberant decay
+        for older frames."""
         cfg, B = self.config, self.B
-        if self.delay is None:
+        if spread is None or not self.trusted:
             lo_d, hi_d = 0, int(cfg.max_delay_s * SAMPLE_RATE)
         else:
-            lo_d, hi_d = self.delay - int(cfg.pre_delay_s * SAMPLE_RATE), self.delay + B
+            assert self.delay is not None
+            lo_d, hi_d = self.delay - spread, self.delay + spread // 2 + B
         f_hi = (n - max(lo_d, 0)) // B + 1
         f_mid = (n - hi_d) // B
         n_tail = int(cfg.tail_s * SAMPLE_RATE) // B
@@ -293,7 +317,7 @@ class EchoCanceller:
 
     def _suppress(self, n: int, e: np.ndarray) -> np.ndarray:
         L, N = e.size, self.N
-        s = self._predicted_far(n)
+        s = self._predicted_far(n, int(self.config.spread_s * SAMPLE_RATE))
         if float(s.max()) <= 1e-10:
             return e.astype(np.float32)
         frame = np.concatenate([self._err, e])[-N:]
@@ -301,8 +325,8 @@ class EchoCanceller:
             frame = np.concatenate([np.zeros(N - frame.size, np.float32), frame])
         spec = np.fft.rfft(frame)
         eb = self._to_bands(np.abs(spec) ** 2)
-        if self.delay is not None:
-            self._learn_coupling(eb, s)
+        if self.trusted:  # coupling against the aligned frames, applied over the widened range
+            self._learn_coupling(eb, self._predicted_far(n, int(self.config.pre_delay_s * SAMPLE_RATE)))
         ratio = self.config.over * self._coupling * s / (eb + 1e-10)
         gain = np.clip(1.0 - ratio, self.config.floor, 1.0)
         gbin = np.ones(spec.size, np.float32)

@@ -161,3 +161,44 @@ def make_scene(rng: np.random.Generator, answer: str, user: tuple[str, str] | No
         mic[start : start + x.size] += x[: mic.size - start]
         onset = answer_pts + at
     return Scene(ans.astype(np.float32), mic, echo, answer_pts, onset, room)
+
+
+def make_peer_scene(rng: np.random.Generator, answer: str, bulk_s: float = 0.1, jitter_s: float = 0.008,
+                    room_seed: int = 0, answer_pts: float = 0.5, stall_p: float = 0.0,
+                    stall_s: tuple[float, float] = (0.03, 0.2)) -> Scene:
+    """The load-test peer's echo path (app/loadtest/answers.EchoPath, the room of ``bench/voice.py --seed``):
+    each received 20 ms frame is "played" at its arrival time (``bulk_s`` of network + jitter buffer, plus a
+    per-frame arrival jitter up to ``jitter_s``) and mixed back into the mic through the sparse tap response.
+    ``stall_p``: chance per frame that the server's event loop stalls (``stall_s`` long) before sending it: the
+    frames due meanwhile go out in a burst at its end, with their scheduled pts (what ``played`` is told)."""
+    from scipy.signal import resample_poly
+
+    from app.loadtest.answers import EchoPath, RoomResponse
+
+    ans, _ = voice("slt_hts", answer)
+    ans = (ans / (np.max(np.abs(ans)) + 1e-12) * 0.5).astype(np.float32)
+    room_resp = RoomResponse.seeded(room_seed)
+    path = EchoPath(room_resp)
+    up = resample_poly(ans, 3, 1).astype(np.float32)
+    total = answer_pts + ans.size / SR + 1.5
+    n48 = int(total * 48_000) // 960 * 960
+    played_at, free_at = [], 0.0
+    for k in range(up.size // 960):
+        sched = answer_pts + k * 0.02
+        if stall_p and rng.random() < stall_p:
+            free_at = max(free_at, sched) + float(rng.uniform(*stall_s))
+        sent = max(sched, free_at)
+        played_at.append((sent + bulk_s + float(rng.uniform(0, jitter_s)), up[k * 960 : (k + 1) * 960]))
+    played_at.sort(key=lambda p: p[0])
+    echo48 = np.zeros(n48, np.float32)
+    j = 0
+    for f in range(0, n48, 960):
+        t = f / 48_000
+        while j < len(played_at) and played_at[j][0] <= t:  # frames arrived before this mic frame is sent
+            path.played(*played_at[j])
+            j += 1
+        echo48[f : f + 960] = path.echo(t, 960)
+    echo = resample_poly(echo48, 1, 3).astype(np.float32)
+    mic = echo + rng.standard_normal(echo.size).astype(np.float32) * 10 ** (-65 / 20)
+    d0 = bulk_s + room_resp.taps[0][0]
+    return Scene(ans, mic, echo, answer_pts, None, Room(d0, 0.0, room_resp.taps[0][1], np.zeros(1, np.float32)))

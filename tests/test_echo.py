@@ -75,11 +75,15 @@ def test_coughs_and_noise_bursts_are_not_barge_ins(kind):
         _check_no_barge_in(seed, kind)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: Silero holds >= 0.6 for 128 ms on some bursts (tuning seeds: "
-                   "1 of 16 coughs, 1 of 16 noise bursts)")
-@pytest.mark.parametrize(("kind", "seed"), [("cough", 6), ("noise", 8)])
-def test_some_bursts_are_still_taken_for_barge_ins(kind, seed):
-    _check_no_barge_in(seed, kind)
+def test_a_cough_silero_once_took_for_speech_is_suppressed():
+    # the suppressor keeps assuming any delay until the filter really cancels, which covers this cough
+    _check_no_barge_in(6, "cough")
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: Silero holds >= 0.6 for 128 ms on some noise bursts (tuning "
+                   "seeds: 1 of 16)")
+def test_some_noise_bursts_are_still_taken_for_barge_ins():
+    _check_no_barge_in(8, "noise")
 
 
 def _check_no_barge_in(seed: int, kind: str) -> None:
@@ -94,6 +98,19 @@ def test_the_canceller_finds_the_echo_delay(echo_scenes):
         run_scene(scene, det)
         assert det.canceller.delay is not None
         assert abs(det.canceller.delay / SAMPLE_RATE - scene.room.delay_s) < 0.005
+
+
+def test_the_load_test_peers_echo_path_gives_no_barge_in():
+    """The peer's sparse taps (0.5 direct path), 40-150 ms of network, arrival jitter and server stalls: after a
+    stall moved the delay the narrowed suppressor let the echo through as the user. These are the scenes that
+    did (held-out sentences: the tuning ones are too short to show it; bench/barge_in.py does not use them)."""
+    for k in (2, 10, 18, 20, 22):
+        rng = np.random.default_rng(100 + k)
+        scene = es.make_peer_scene(rng, es.HELD_ANSWERS[k % 4], float(rng.uniform(0.04, 0.15)), 0.01,
+                                   room_seed=k % 3, stall_p=0.06)
+        det = BargeInDetector()
+        _, _, emitted, _ = run_scene(scene, det)
+        assert emitted is None, f"the peer's echo (scene {k}) was taken for a barge-in"
 
 
 def test_bad_input_is_a_clear_error():
