@@ -10,6 +10,7 @@ agree, align or count as repeats.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 _PUNCTUATION = re.compile(r"[^\w']+")
 _NOT_ASCII_WORD = re.compile(r"[^a-z0-9']+")
@@ -37,3 +38,16 @@ def dictionary_form(word: str) -> str:
 def alnum_key(word: str) -> str:
     """Letters and digits only, lower case: whether two tokens say the same word again."""
     return "".join(ch for ch in word.lower() if ch.isalnum())
+
+
+def word_edits(ref: Sequence[str], hyp: Sequence[str]) -> tuple[int, int]:
+    """(edits, reference words) between two word sequences compared by :func:`agreement_key`: the
+    numerator and denominator of a word error rate, so rates pool over many utterances."""
+    r = [k for k in (agreement_key(w) for w in ref) if k]
+    h = [k for k in (agreement_key(w) for w in hyp) if k]
+    d = list(range(len(h) + 1))
+    for i in range(1, len(r) + 1):
+        prev, d[0] = d.copy(), i
+        for j in range(1, len(h) + 1):
+            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r[i - 1] != h[j - 1]))
+    return d[len(h)], len(r)

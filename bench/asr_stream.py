@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alignment.text import agreement_key  # noqa: E402
+from alignment.text import agreement_key, word_edits  # noqa: E402
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken  # noqa: E402
 from app.loadtest import testmedia  # noqa: E402
 from app.loadtest.metrics import TruthWord  # noqa: E402
@@ -153,14 +153,8 @@ def chunks(audio: np.ndarray) -> list[AudioChunk]:
 
 def wer(ref: list[str], hyp: list[str]) -> float:
     """Word error rate (edit distance / reference length) on normalised words."""
-    r = [agreement_key(w) for w in ref if agreement_key(w)]
-    h = [agreement_key(w) for w in hyp if agreement_key(w)]
-    d = np.arange(len(h) + 1)
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d.copy(), i
-        for j in range(1, len(h) + 1):
-            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r[i - 1] != h[j - 1]))
-    return float(d[len(h)]) / max(len(r), 1)
+    edits, words = word_edits(ref, hyp)
+    return edits / max(words, 1)
 
 
 def matched(session: Session, finals: list[tuple[float, WordToken]]) -> list[tuple[TruthWord, float, WordToken]]:

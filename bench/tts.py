@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from alignment.text import agreement_key
+from alignment.text import word_edits
 from alignment.types import SAMPLE_RATE
 from models.controller import POLICIES
 from models.tts import FestivalTTS, OpenAITTS, PhraseChunker, normalize_text, speaking_rate_wpm
@@ -59,14 +59,7 @@ SENTENCES: tuple[str, ...] = (
 
 def wer(ref: list[str], hyp: list[str]) -> tuple[int, int]:
     """(word edits, reference words) on normalised words."""
-    r = [agreement_key(w) for w in ref if agreement_key(w)]
-    h = [agreement_key(w) for w in hyp if agreement_key(w)]
-    d = np.arange(len(h) + 1)
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d.copy(), i
-        for j in range(1, len(h) + 1):
-            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r[i - 1] != h[j - 1]))
-    return int(d[len(h)]), len(r)
+    return word_edits(ref, hyp)
 
 
 def spoken_words(text: str) -> list[str]:

@@ -273,17 +273,10 @@ class EchoPath:
 
 
 def wer(ref: Sequence[str], hyp: Sequence[str]) -> tuple[int, int]:
-    """(edits, reference words) between two word sequences, compared by ``alignment.text.agreement_key``."""
-    from alignment.text import agreement_key
+    """(edits, reference words) between two word sequences (``alignment.text.word_edits``)."""
+    from alignment.text import word_edits
 
-    r = [k for k in (agreement_key(w) for w in ref) if k]
-    h = [k for k in (agreement_key(w) for w in hyp) if k]
-    d = np.arange(len(h) + 1)
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d.copy(), i
-        for j in range(1, len(h) + 1):
-            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r[i - 1] != h[j - 1]))
-    return int(d[len(h)]), len(r)
+    return word_edits(ref, hyp)
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
