@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--period", type=float, default=8.0, help="an answer starts every PERIOD s")
     args = parser.parse_args()
-    from alignment.timing_dtw import single_threaded_blas
+    from alignment.blas import single_threaded_blas
     from app.live.config import ServerConfig
     from app.live.warmup import WarmState, _warm_voice
 

@@ -6,7 +6,7 @@ still compares with this method (``synthesis``).
 Whisper's DTW word timestamps on connected speech are ~110 ms off on average (≈ +70 ms late,
 the first word snapped to the segment start). Two aligners improve on them:
 
-1. **Alignment by synthesis** (the aeneas idea; :mod:`alignment.timing_dtw`): espeak-ng speaks
+1. **Alignment by synthesis** (the aeneas idea; `bench/synthesis_dtw.py`): espeak-ng speaks
    the words, and a causal DTW over level- and noise-matched MFCCs carries each word's onset in
    the synthetic reference into the real audio. It is exact on speech that sounds like the
    reference (synthetic speech of espeak-ng's kind, a TTS loop-back) and drifts on voices that do
