@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from fastapi import Request  # at module level: FastAPI resolves the route's annotations here
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -69,8 +70,6 @@ QUEUE_BOUNDS: dict[str, float | None] = {
 
 def install_debug_route(app: FastAPI, path: str = "/debug/resources") -> None:
     """Add ``GET path`` (``?gc=1``, ``?trim=1``: see ``app.live.reliability.snapshot``) returning JSON."""
-    from fastapi import Request
-
     from app.live.reliability import snapshot
 
     async def resources(request: Request) -> dict[str, object]:
