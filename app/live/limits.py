@@ -30,6 +30,8 @@ from aiortc import RTCRtpReceiver
 from aiortc.codecs import is_rtx
 from aiortc.rtp import RtpPacket
 
+import app.live.webrtc  # noqa: F401  (patches aiortc/aioice internals: the version pin)
+
 SUSTAIN_S = 5.0  # seconds a sender may stay above twice the bitrate bound before it is cut off
 GARBAGE_SECONDS = 3  # consecutive seconds mostly garbage that close the session
 GARBAGE_MIN_PER_S = 10  # ... each with at least this many garbage packets

@@ -13,6 +13,8 @@ from typing import Any
 import av
 from aiortc.codecs.vpx import Vp8Encoder
 
+import app.live.webrtc  # noqa: F401  (patches aiortc/aioice internals: the version pin)
+
 #: libvpx options that differ from aiortc's (the rest are kept).
 LEAN_OPTIONS = {"cpu-used": "16", "noise-sensitivity": "0"}
 

@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import app.live.webrtc  # noqa: F401  (patches aioice internals: the version pin)
+
 #: How many per-packet delays each direction keeps for reports (the counters are exact regardless).
 MAX_DELAY_SAMPLES = 50_000
 
