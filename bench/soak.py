@@ -76,7 +76,24 @@ def install_debug_route(app: FastAPI, path: str = "/debug/resources") -> None:
         q = request.query_params
         return snapshot(app, collect=q.get("gc") == "1", trim=q.get("trim") == "1").as_dict()
 
+    async def allocations(request: Request) -> dict[str, object]:
+        """``?at=start`` keeps a tracemalloc snapshot; ``?at=diff`` lists where memory grew since (by line)."""
+        import gc
+        import tracemalloc
+
+        if not tracemalloc.is_tracing():
+            return {"error": "start the server with PYTHONTRACEMALLOC=1 (bench/soak.py --trace-leaks)"}
+        gc.collect()
+        now = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        if request.query_params.get("at") == "start":
+            app.state.leak_snapshot = now
+            return {"kept": len(now.traces)}
+        stats = now.compare_to(app.state.leak_snapshot, "lineno")
+        return {"grew": [f"{st.size_diff / 1e6:+.2f} MB in {st.count_diff:+d} blocks at {st.traceback}"
+                         for st in stats[:25]]}
+
     app.add_api_route(path, resources, methods=["GET"])
+    app.add_api_route(path + "/allocations", allocations, methods=["GET"])
 
 
 def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:
@@ -105,12 +122,13 @@ def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:
 class ServerProcess:
     """Start the child server and wait until /readyz says every model is warm."""
 
-    def __init__(self, max_sessions: int, media_timeout_s: float) -> None:
+    def __init__(self, max_sessions: int, media_timeout_s: float, trace_leaks: bool = False) -> None:
         self.port_file = tempfile.NamedTemporaryFile(prefix="soak-", suffix=".url", delete=False).name
         Path(self.port_file).write_text("")
+        env = {**os.environ, "PYTHONTRACEMALLOC": "1"} if trace_leaks else None
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--serve", self.port_file, "--max-sessions", str(max_sessions),
-             "--media-timeout", str(media_timeout_s)], cwd=ROOT)
+             "--media-timeout", str(media_timeout_s)], cwd=ROOT, env=env)
         self.base = ""
 
     async def start(self, timeout: float = 300.0) -> float:
@@ -241,11 +259,13 @@ async def one_cycle(url: str, clip: Any) -> float:
     return time.monotonic() - t0
 
 
-async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str, Any]:
+async def phase_cycles(base: str, clip: Any, n: int, parallel: int, trace_leaks: bool = False) -> dict[str, Any]:
     url = f"{base}/whip"
     for _ in range(10):  # warm: first sessions fill caches (codecs, MediaPipe graphs, oneDNN primitives)
         await asyncio.gather(*(one_cycle(url, clip) for _ in range(parallel)))
     before = await settled(base)
+    if trace_leaks:
+        await _allocations(base, "start")
     times: list[float] = []
     failures: list[str] = []
     checkpoints: list[tuple[int, float]] = [(0, before["rss_mb"])]
@@ -267,6 +287,9 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str,
                   f"tasks {r['tasks']}, {time.monotonic() - t0:.0f} s", flush=True)
     after = await settled(base, before)
     checkpoints.append((n, after["rss_mb"]))
+    if trace_leaks:
+        for line in (await _allocations(base, "diff")).get("grew", []):
+            print(f"  grew: {line}", flush=True)
     growth = after["rss_mb"] - before["rss_mb"]
     trend = _trend(checkpoints) * n
     held = after["rss_trimmed_mb"] - before["rss_trimmed_mb"]
@@ -283,6 +306,11 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str,
             "leaked": leaks, "new_threads": new_threads,
             "cycle_s_p50": round(times[len(times) // 2], 2) if times else None,
             "wall_s": round(time.monotonic() - t0, 1)}
+
+
+async def _allocations(base: str, at: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=base, timeout=120.0) as c:
+        return (await c.get("/debug/resources/allocations", params={"at": at})).json()
 
 
 def _trend(points: list[tuple[int, float]]) -> float:
@@ -451,7 +479,7 @@ def _latency_halves(first: list[dict[str, Any]], second: list[dict[str, Any]]) -
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     load0 = os.getloadavg()
-    server = ServerProcess(max(args.peers, args.parallel) + 1, args.media_timeout)
+    server = ServerProcess(max(args.peers, args.parallel) + 1, args.media_timeout, args.trace_leaks)
     try:
         ready_s = await server.start()
         print(f"server ready in {ready_s:.1f} s at {server.base}", flush=True)
@@ -459,7 +487,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out: dict[str, Any] = {"ready_s": round(ready_s, 1)}
         if args.cycles:
             print(f"cycles: {args.cycles} connect/disconnect ({args.parallel} at a time) ...", flush=True)
-            out["cycles"] = await phase_cycles(server.base, clip, args.cycles, args.parallel)
+            out["cycles"] = await phase_cycles(server.base, clip, args.cycles, args.parallel, args.trace_leaks)
         if not args.no_vanish:
             print("vanish: SIGKILL a peer mid-session ...", flush=True)
             out["vanish"] = await phase_vanish(server.base, args.media_timeout)
@@ -524,6 +552,8 @@ def main() -> None:
     p.add_argument("--netem", default=DEFAULT_NETEM)
     p.add_argument("--media-timeout", type=float, default=5.0, help="server's reaping timeout, s")
     p.add_argument("--no-vanish", action="store_true")
+    p.add_argument("--trace-leaks", action="store_true",
+                   help="run the server under tracemalloc and print where memory grew over the cycles (slow)")
     p.add_argument("--quick", action="store_true", help="20 cycles, a 1-minute soak sampled every 5 s")
     p.add_argument("--json", default=None, help="write the figures (with the soak timeline) here")
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)

@@ -84,14 +84,17 @@ class ReceiverGuard:
         codecs: dict[int, Any] = getattr(receiver, "_RTCRtpReceiver__codecs", {})
 
         async def guarded(packet: RtpPacket, arrival_time_ms: int) -> None:
+            codec = codecs.get(packet.payload_type)
             if not self._admit(len(packet.payload) + 12):
-                codec = codecs.get(packet.payload_type)
                 if nacks is not None and codec is not None and not is_rtx(codec):
                     nacks.add(packet)  # seen, so not asked for again: a retransmission would be dropped too
                 return
             packet._data = _UNSET  # type: ignore[attr-defined]  # aiortc sets it once the payload parses
             await handle(packet, arrival_time_ms)
-            if packet.payload and getattr(packet, "_data", _UNSET) is _UNSET:
+            # aiortc parses a retransmission (RTX) as a new, unwrapped packet, so this one's payload is never
+            # set: a lossy network's NACKed packets are not garbage.
+            retransmission = codec is not None and is_rtx(codec)
+            if packet.payload and not retransmission and getattr(packet, "_data", _UNSET) is _UNSET:
                 self._count_garbage()
             self._tick()
 
