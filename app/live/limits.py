@@ -1,18 +1,15 @@
 """What one session may cost, whatever its sender sends: bitrate, picture size, frame rate, garbage.
 
-A WebRTC sender chooses its resolution, frame rate and bitrate, and a hostile or broken one may send
-4K at 60 fps, far more bits than it said, or RTP whose payload is not media at all. Each of those
-would cost the server CPU that the admission estimate never counted. Per receiver
-(:class:`ReceiverGuard`, on aiortc's packet handler, decoder queue and decode-error flag):
+A hostile or broken WebRTC sender may send 4K at 60 fps, far more bits than it said, or RTP that is no
+media: CPU the admission estimate never counted. Per receiver (:class:`ReceiverGuard`, on aiortc's packet
+handler, decoder queue and decode-error flag):
 
-* RTP bytes beyond ``max_kbps`` (a token bucket holding one second) are dropped before they are
-  depacketized; a sender still at twice the bound after ``SUSTAIN_S`` is cut off;
-* VP8 key frames larger than ``max_pixels`` are not decoded (their size is in the frame header),
-  nor anything after them until a key frame that fits: a 4K camera costs no decoding at all;
-* packets that are not media (no codec of the session, a payload that does not parse, frames the
-  decoder rejects) are counted per second; ``GARBAGE_SECONDS`` seconds in a row mostly garbage and
-  the session is closed with an ``error`` event naming why.
-
+* RTP bytes beyond ``max_kbps`` (a token bucket holding one second) are dropped before depacketizing;
+  a sender still at twice the bound after ``SUSTAIN_S`` is cut off;
+* VP8 key frames larger than ``max_pixels`` are not decoded (the size is in the frame header), nor
+  anything after them until a key frame that fits;
+* packets that are not media are counted per second; ``GARBAGE_SECONDS`` seconds in a row mostly
+  garbage and the session is closed with an ``error`` event naming why.
 After decoding, :class:`FrameCap` drops camera frames above ``max_fps`` (on their pts) and scales
 larger ones down to fit ``max_size``, before the face stage and the camera buffer see them.
 """

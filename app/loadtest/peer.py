@@ -11,17 +11,6 @@ the real WebRTC stack over loopback. The API is deliberately small:
     peer.sent_video_wall(pts)     # wall time the frame at clip time ``pts`` was handed to the encoder
     peer.answer                   # AnswerListener: the spoken answer's audio and avatar (voicepeer.py)
     await peer.close()            # DELETE the session, close the peer connection
-
-With ``answer_video=True`` the offer carries the extra recvonly video m-line the server sends the
-avatar on (wire v2); the answer's audio always comes back on the audio m-line. ``decode_answer``
-decodes both and measures them (levels, mouth opening, one clock through the sender reports);
-without it the answer's packets are only counted.
-
-Audio is sent as 20 ms frames at 48 kHz, video at the clip's fps, both paced in real time from one
-shared start instant (``t0_wall``), so clip time t is sent at ``t0_wall + t``. After the clip ends the
-peer keeps sending silence and the last video frame (a quiet, still camera) until closed, unless
-``loop=True``. Wall times are ``time.monotonic()`` (system-wide on Linux, so comparable across
-processes on one machine).
 """
 
 from __future__ import annotations
@@ -209,7 +198,16 @@ class ClipVideoTrack(MediaStreamTrack):
 
 
 class WhipPeer:
-    """An aiortc peer that publishes a clip over WHIP and collects the server's video and events."""
+    """An aiortc peer that publishes a clip over WHIP and collects the server's video and events.
+
+    With ``answer_video=True`` the offer carries the extra recvonly video m-line the server sends the
+    avatar on (wire v2); the answer's audio always comes back on the audio m-line. ``decode_answer``
+    decodes both and measures them (levels, mouth opening, one clock through the sender reports);
+    without it the answer's packets are only counted. Audio goes as 20 ms frames at 48 kHz, video at
+    the clip's fps, both paced from one start instant (``t0_wall``): clip time t is sent at
+    ``t0_wall + t``. After the clip the peer sends silence and the last frame until closed, unless
+    ``loop=True``. Wall times are ``time.monotonic()`` (comparable across processes on one machine).
+    """
 
     def __init__(
         self,
