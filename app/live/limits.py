@@ -20,12 +20,19 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import av
 from aiortc import RTCRtpReceiver
 from aiortc.codecs import is_rtx
 from aiortc.rtp import RtpPacket
+
+if TYPE_CHECKING:
+    from aiortc.jitterbuffer import JitterFrame
+    from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+
+#: What aiortc's receiver puts on its decoder queue: the codec and one encoded frame.
+DecoderItem = tuple["RTCRtpCodecParameters", "JitterFrame"]
 
 SUSTAIN_S = 5.0  # seconds a sender may stay above twice the bitrate bound before it is cut off
 GARBAGE_SECONDS = 3  # consecutive seconds mostly garbage that close the session
@@ -76,7 +83,7 @@ class ReceiverGuard:
     def _install(self, receiver: RTCRtpReceiver) -> None:
         handle = receiver._handle_rtp_packet
         nacks = getattr(receiver, "_RTCRtpReceiver__nack_generator", None)
-        codecs: dict[int, Any] = getattr(receiver, "_RTCRtpReceiver__codecs", {})
+        codecs: dict[int, RTCRtpCodecParameters] = getattr(receiver, "_RTCRtpReceiver__codecs", {})
 
         async def guarded(packet: RtpPacket, arrival_time_ms: int) -> None:
             if not self._admit(len(packet.payload) + 12):
@@ -95,7 +102,7 @@ class ReceiverGuard:
         if queue is not None:
             put = queue.put
 
-            def put_checked(item: Any, *args: Any, **kwargs: Any) -> None:
+            def put_checked(item: DecoderItem | None, *args: object, **kwargs: object) -> None:
                 if item is None or self._decodable(item):
                     put(item, *args, **kwargs)
 
@@ -130,7 +137,7 @@ class ReceiverGuard:
         self._garbage += 1
         self.garbage_total += 1
 
-    def _decodable(self, item: tuple[Any, Any]) -> bool:
+    def _decodable(self, item: DecoderItem) -> bool:
         """Whether the decoder gets this encoded frame: not while skipping frames too large to decode."""
         codec, frame = item
         if getattr(codec, "name", "").lower() != "vp8":
