@@ -25,7 +25,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
@@ -257,7 +256,7 @@ class OpenAIResponder(Responder):
         if self.api_key:
             sent["Authorization"] = f"Bearer {self.api_key}"
 
-        async def trace(event: str, info: Mapping[str, Any]) -> None:  # httpcore's trace extension
+        async def trace(event: str, info: Mapping[str, object]) -> None:  # httpcore's trace extension
             if event == "http11.send_request_headers.started" and times.sent is None:
                 times.sent = time.monotonic()  # the request's first byte is about to be written
 
