@@ -170,7 +170,10 @@ async def run_peer(spec: PeerSpec, cfg: RoundConfig, clip: AVClip, truth: lm.Cli
         link = NetemLink(profile, seed=cfg.seed * 1009 + spec.index)
         # The ICE transports exist once gathering starts (inside connect): hook them before media flows.
         peer.pc.on("icegatheringstatechange", lambda: link.attach_pc(peer.pc))
-    connected, error, refused, connect_ms = False, None, None, None
+    connected = False
+    error: str | None = None
+    refused: Refusal | None = None
+    connect_ms: float | None = None
     t_connect = time.monotonic()
     try:
         await asyncio.wait_for(peer.connect(timeout=cfg.connect_timeout_s), cfg.connect_timeout_s + 5)
