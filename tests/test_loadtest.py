@@ -282,3 +282,39 @@ def test_pre_encoded_vp8_loop_decodes_with_the_flash(loop_clip):
     flash_frames = [i for i, y in lit if y > 80.0]
     # Clean clip: markers at frame-cell starts light exactly frames 6 and (end - 8), and only those.
     assert flash_frames == [6, len(packets) - 8]
+
+
+def test_records_write_the_reports_json_shape():
+    """A peer that never connected, and a round around it, write the keys (and order) report.json always had."""
+    from app.loadtest.records import PeerResult, PooledAnswers, RoundResult
+
+    lost = PeerResult(3, 1, 0.0, "clean", error="no result (worker failed or timed out)")
+    assert list(lost.to_json()) == ["index", "worker", "offset_ms", "netem", "connected", "error"]
+    agg = verdict.aggregate([lost.to_json()])
+    rnd = RoundResult(peers=[lost], aggregate=agg, answer=PooledAnswers(0, 0, 0)).to_json()
+    assert list(rnd) == ["peers", "aggregate", "cpu", "sessions", "errors", "wall_s", "worker_cpu_s",
+                         "worker_setup_cpu_s"]
+    assert list(rnd["aggregate"])[-4:] == ["client_cpu_per_peer", "degradation", "cpu_all_live", "answer"]
+    assert rnd["aggregate"]["answer"] == {"starts": 0, "audio_packets": 0, "avatar_frames": 0}
+    assert json.loads(json.dumps(rnd))["peers"][0]["error"].startswith("no result")
+
+
+async def test_the_stand_ins_answer_bad_requests_in_one_json_line():
+    import httpx
+
+    from app.loadtest.llm_standin import StandInLLM
+    from app.loadtest.tts_standin import StandInTTS
+
+    for server, route in ((StandInLLM(), "/chat/completions"), (StandInTTS(), "/audio/speech")):
+        await server.start()
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                missing = await client.post(server.base_url + "/nowhere", json={})
+                not_object = await client.post(server.base_url + route, json=[1, 2])
+                not_json = await client.post(server.base_url + route, content=b"{")
+        finally:
+            await server.stop()
+        assert missing.status_code == 404 and "no route" in missing.json()["error"]["message"]
+        assert not_object.status_code == 400 and "JSON object" in not_object.json()["error"]["message"]
+        assert not_json.status_code == 400 and not_json.json()["error"]["message"].startswith("bad request")
+        assert server.requests == 0
