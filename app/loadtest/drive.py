@@ -16,7 +16,7 @@ import os
 import time
 from collections import deque
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -32,8 +32,21 @@ if TYPE_CHECKING:
     from aiortc import MediaStreamTrack, RTCPeerConnection
     from aiortc.rtp import RtpPacket
 
-    from app.loadtest.peer import WhipPeer, _Start
+    from app.loadtest.peer import ReceivedEvent, WhipPeer, _Start
     from app.loadtest.testmedia import AVClip
+    from app.loadtest.voicepeer import AnswerListener
+
+
+class MeasuredRecord(Protocol):
+    """What the figures read of a measured peer (``_make_peer_class``'s peer, or a recorded one)."""
+
+    events: list[ReceivedEvent]
+    flash_walls: list[float]
+    frame_walls: list[float]
+    frames_received: int
+    decode_video: bool
+    first_frame_wall: float | None
+    answer: AnswerListener
 
 
 def _flash_region_mean(frame: av.VideoFrame) -> float:
@@ -231,7 +244,7 @@ def _evidence_checks(peer: WhipPeer) -> int:
     return sum(1 for e in peer.events if e.type == "sync" and e.message.get("evidence", "assigned") != "assigned")
 
 
-def peer_figures(peer: WhipPeer, truth: lm.ClipTruth, t0: float, t_end: float, cfg: RoundConfig) -> PeerFigures:
+def peer_figures(peer: MeasuredRecord, truth: lm.ClipTruth, t0: float, t_end: float, cfg: RoundConfig) -> PeerFigures:
     """Turn one peer's raw record into figures on its own clock (zero = clip time zero sent)."""
     run_s = t_end - t0
     until = run_s - cfg.tail_s
@@ -278,7 +291,7 @@ def peer_figures(peer: WhipPeer, truth: lm.ClipTruth, t0: float, t_end: float, c
     )
 
 
-def answer_summary(peer: WhipPeer, truth: lm.ClipTruth, t0: float, until: float) -> AnswerSummary:
+def answer_summary(peer: MeasuredRecord, truth: lm.ClipTruth, t0: float, until: float) -> AnswerSummary:
     """The spoken answers as this peer received them: packets counted always; voice-to-voice, barge-in
     and lip-sync per answer when it decoded them (``decode_answer``). Each loop of the clip is one
     utterance; the next loop's first word, when it starts while an answer plays, is a barge-in."""
