@@ -1,18 +1,16 @@
 """The cluster's one WHIP endpoint: it places each session on a node and steps out of the way.
 
 ``POST /whip`` checks the offer exactly as a single server does (same 400/401/403/413/415 answers,
-before readiness and room), then forwards it to the ready node with the most free room (see
-``placement``) and returns that node's SDP answer as is: its ICE candidates are the node's, so media
-flows between client and node and never through the ingress. The ``Location`` it gives back,
-``/whip/<node>/<session>``, names the node, so ``DELETE`` reaches the session wherever it lives and
-the ingress keeps no per-session state (it can be restarted, or run twice). ``503`` + ``Retry-After``
-when no node has room (or none is ready yet). ``/readyz``, ``/metrics`` and ``/metrics/lst`` cover
-the whole cluster, from each node's own endpoints.
+before readiness and room), then forwards it to the ready node with the most free room (``placement``)
+and returns that node's SDP answer as is: its ICE candidates are the node's, so media never flows
+through the ingress. The ``Location``, ``/whip/<node>/<session>``, names the node, so ``DELETE`` reaches
+the session wherever it lives and the ingress keeps no per-session state (it can be restarted, or run
+twice). ``503`` + ``Retry-After`` when no node has room or none is ready. ``/readyz``, ``/metrics`` and
+``/metrics/lst`` cover the whole cluster, from each node's own endpoints.
 
 Serving other machines works as on one server: HTTPS (``tls``), the bearer token, offers limited per
-client address here (429; the nodes behind do not limit, every offer reaches them from the ingress),
-``OPTIONS /whip`` and the node's ``Link: rel="ice-server"`` headers passed on, and a trusted proxy's
-forwarded headers (``app.live.proxy``).
+client address here (429; the nodes do not limit), ``OPTIONS /whip`` and the node's
+``Link: rel="ice-server"`` headers passed on, and a trusted proxy's forwarded headers (``app.live.proxy``).
 """
 
 from __future__ import annotations

@@ -16,10 +16,15 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from alignment.json_types import JsonObject
 
 if TYPE_CHECKING:
+    import ctypes
+
     from aiortc import RTCDataChannel
+    from fastapi import FastAPI
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class ResourceSnapshot:
     frame_words: int  # output frames with words still to draw, all sessions
     channel_buffered: int  # bytes queued on the sessions' events channels
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         d = asdict(self)
         d["thread_names"] = list(self.thread_names)
         return d
@@ -114,11 +119,11 @@ def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 
 
-_LIBC: Any = None
+_LIBC: ctypes.CDLL | Literal[False] | None = None
 _M_ARENA_MAX = -8  # mallopt parameter (glibc malloc.h)
 
 
-def _libc() -> Any:
+def _libc() -> ctypes.CDLL | Literal[False]:
     """glibc via ctypes, or False where it is not there (musl, macOS)."""
     global _LIBC
     if _LIBC is None:
@@ -199,7 +204,7 @@ class HoldsMemory(Protocol):
     def held(self) -> tuple[int, int, int]: ...
 
 
-def snapshot(app: Any, collect: bool = False, trim: bool = False) -> ResourceSnapshot:
+def snapshot(app: FastAPI, collect: bool = False, trim: bool = False) -> ResourceSnapshot:
     """Read the figures off a running app (``collect``: collect garbage; ``trim``: then trim the heap).
 
     RSS without ``trim`` is what the OS sees; with it, memory the allocator merely retains is gone,
