@@ -106,7 +106,7 @@ def generate_conditioned_clip(
                                           1, 1, cfg).to(device)  # SVD was trained on fps - 1
         scheduler = copy.deepcopy(pipe.scheduler)
         timesteps, _ = retrieve_timesteps(scheduler, cond.num_inference_steps, device)
-        latents = randn_tensor_like(pipe, n, h, w, dtype, device, generator) * scheduler.init_noise_sigma
+        latents = _initial_noise(pipe, n, h, w, dtype, device, generator) * scheduler.init_noise_sigma
         scale = torch.linspace(cond.min_guidance_scale, cond.max_guidance_scale, n, device=device, dtype=dtype)
         scale = scale.reshape(1, n, 1, 1, 1)
         for t in timesteps:
@@ -123,7 +123,7 @@ def generate_conditioned_clip(
     return (np.clip(np.nan_to_num(frames), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-def randn_tensor_like(pipe: Any, n: int, h: int, w: int, dtype: Any, device: Any, generator: Any) -> Any:
+def _initial_noise(pipe: Any, n: int, h: int, w: int, dtype: Any, device: Any, generator: Any) -> Any:
     """The initial noise of an n-frame clip, shaped as the pipeline's ``prepare_latents`` shapes it."""
     from diffusers.utils.torch_utils import randn_tensor
 
