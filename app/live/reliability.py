@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import threading
 import time
@@ -233,3 +234,27 @@ def snapshot(app: Any, collect: bool = False, trim: bool = False) -> ResourceSna
         asr_queued_s=round(queued, 3), asr_dropped_s=round(dropped, 3), camera_frames=camera,
         tokens_held=tokens, frame_words=frame_words, channel_buffered=buffered,
     )
+
+
+_teardown_log = logging.getLogger("app.live.teardown")
+
+
+def quiet_closed_transport_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Log aiortc's "not connected" task errors after a peer left at debug level, not as tracebacks.
+
+    aiortc sends DataChannel data from fire-and-forget tasks; one that runs after the peer's DTLS
+    transport closed fails with ``ConnectionError`` and nothing retrieves it, so asyncio logs a
+    traceback for an ordinary disconnect. Every other exception keeps the loop's own handling.
+    """
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, ConnectionError) and "not connected" in str(exc):
+            _teardown_log.debug("a task sent on a closed transport: %s", exc)
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

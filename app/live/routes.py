@@ -37,7 +37,7 @@ from app.live.offer import (
     resource_location,
 )
 from app.live.ratelimit import OfferRateLimit
-from app.live.reliability import freeze_warm_heap, reclaim
+from app.live.reliability import freeze_warm_heap, quiet_closed_transport_errors, reclaim
 from app.live.server_metrics import ServerMetrics
 from app.live.session import Session, SessionConfig, Stages
 from app.live.stages import AnswerConfig
@@ -126,6 +126,7 @@ class LiveServer:
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         """Watch the event loop's lag and measure capacity while serving; close every session at the end."""
         tracing.configure()  # OTEL_* set: traces of each session (off and not imported otherwise)
+        quiet_closed_transport_errors(asyncio.get_running_loop())
         loop_watch = asyncio.create_task(self.metrics.loop_lag.watch(), name="event-loop-lag")
         measuring = asyncio.create_task(self._measure_forever(), name="capacity")
         yield
