@@ -43,7 +43,7 @@ class AnswerPlan:
     start: float  # session s of the answer's first audio sample
     end: float  # session s of its last
     tokens: tuple[TokenFrames, ...]  # each word on the session clock with the frames carrying it
-    frames: tuple[FrameCondition, ...]  # frames[i].index == first_frame + i
+    frames: tuple[FrameCondition, ...]  # frames[i].index == first_frame + i, never empty
 
     @property
     def first_frame(self) -> int:
@@ -54,11 +54,14 @@ class AnswerPlan:
         return self.frames[-1].index
 
     def condition(self, index: int) -> FrameCondition:
-        """Frame ``index``'s condition; outside the answer a closed mouth and no caption."""
+        """Frame ``index``'s condition. Outside the answer the mouth rests; after it the last caption
+        stays (until the player stops the answer), so a phrase more changes no frame before it."""
         i = index - self.first_frame
         if 0 <= i < len(self.frames):
             return self.frames[i]
-        return FrameCondition(index, frame_pts(index), REST, (), (), None)
+        last = self.frames[-1] if i > 0 else None
+        caption, highlight = (last.caption, last.highlight) if last is not None else ((), None)
+        return FrameCondition(index, frame_pts(index), REST, (), caption, highlight)
 
     def clip_indices(self, clip_frames: int) -> range:
         """The clips ``n`` (frames ``[n*L, (n+1)*L)``) that hold a frame of the answer."""

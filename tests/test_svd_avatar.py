@@ -101,7 +101,15 @@ def test_each_word_first_shows_on_the_frame_within_40_ms_of_its_start(phrases):
         want = mouth_at(timeline(ph.phones), f.pts - s, frame_s=1 / FPS) if inside else REST
         assert f.mouth == want
     assert any(f.mouth.open > 0.5 for f in plan.frames) and any(f.mouth.open == 0 for f in plan.frames)
-    assert plan.condition(plan.last_frame + 5).mouth == REST and plan.condition(plan.last_frame + 5).caption == ()
+    after, before = plan.condition(plan.last_frame + 5), plan.condition(plan.first_frame - 1)
+    assert after.mouth == REST and after.tokens == () and after.caption == plan.frames[-1].caption
+    assert before.mouth == REST and before.caption == () and before.highlight is None
+    # A phrase more (the player plans as phrases start) changes no frame before it can carry its first word,
+    # so the clips made for the first phrase stay valid (SVDAvatar.play keeps them).
+    alone = plan_answer(phrases[0], t0)
+    for both in (plan, plan_answer(phrases, t0)):  # with the gap, and back to back
+        second = both.tokens[len(phrases[0].words)].frames[0]
+        assert all(alone.condition(k) == both.condition(k) for k in range(plan.first_frame, second))
 
 
 def test_bad_answers_are_clear_errors():
