@@ -186,8 +186,8 @@ async def test_full_by_measured_capacity_503_with_retry_after_and_capacity_in_re
     black = np.zeros((90, 160, 3), np.uint8)
     silence = np.zeros(16000, np.float32)
     cost = usable_cores() * 0.85 / 1.6  # one session fits, two do not, on any machine
-    app = create_app(ServerConfig(ui=False, stages=(), admission="measured", session_cost_cores=cost,
-                                  max_sessions=4, retry_after_s=7, degrade=True))
+    app = create_app(ServerConfig.in_process(ui=False, stages=(), admission="measured", session_cost_cores=cost,
+                                             max_sessions=4, retry_after_s=7, degrade=True))
     async with running_server(app) as base:
         async with httpx.AsyncClient(base_url=base) as client:
             ready = (await client.get("/readyz")).json()
@@ -355,8 +355,8 @@ def test_a_server_that_sheds_always_gives_its_asr_the_longer_step_and_admits_by_
 
     assert app_cli.server_config(app_cli.build_parser().parse_args(["serve", "--shed", "3"])).shed_steps == 3
     worker = ASRWorker(engine=_NullEngine(), config=StreamingConfig(int8=False), autostart=False)
-    admission = Admission(ServerConfig(ui=False, stages=(), admission="measured", shed_steps=3, degrade=True),
-                          ServerMetrics())
+    admission = Admission(ServerConfig.in_process(ui=False, stages=(), admission="measured", shed_steps=3,
+                                                  degrade=True), ServerMetrics())
     admission.measure(0, worker)  # the first measurement, before any session
     assert worker.open("a").asr.config.step_s == 0.3
     assert admission.limit(1) == admission.current.sessions  # shedding by choice does not close the door
