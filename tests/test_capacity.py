@@ -254,7 +254,7 @@ def test_asr_step_of_every_stream_follows_the_degradation():
     assert first.asr.config.step_s == second.asr.config.step_s == 0.3
     worker.set_step_s(None)
     assert first.asr.config.step_s == worker.open("c").asr.config.step_s == 0.15
-    assert first.asr.config.min_silence_s == worker.config.min_silence_s  # only the step changed
+    assert first.asr.config.guard_s == worker.config.guard_s  # only the step changed
 
 
 class _NullEngine:
