@@ -341,7 +341,7 @@ def test_shed_steps_are_a_floor_the_overload_order_starts_above():
     assert deg.overloaded
     assert [deg.update(calm, float(t)) for t in range(4, 20)][-1] == 1  # gives steps back down to the floor only
     assert deg.reset(21.0) == 1 and not deg.overloaded
-    off = Degradation(enabled=False, floor=3)  # --no-degrade --shed 3: the floor holds, nothing moves
+    off = Degradation(enabled=False, floor=3)  # degrade off (bench/serve.py --no-degrade), --shed 3: the floor holds
     assert [off.update(busy, float(t)) for t in range(3)] == [3, 3, 3] and off.effects.asr_step_s == 0.3
     with pytest.raises(ValueError):
         Degradation(floor=4)
