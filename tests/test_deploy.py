@@ -318,7 +318,7 @@ async def test_a_lossy_sender_is_not_mistaken_for_garbage(av_clip):
     none of that is garbage, so the session keeps running and gets no ``error``."""
     from app.loadtest.netem import NetemLink, NetemProfile
 
-    app = create_app(ServerConfig(**NO_MODELS, max_sessions=1))
+    app = create_app(ServerConfig.in_process(**NO_MODELS, max_sessions=1))
     async with running_server(app) as base:
         peer = WhipPeer(f"{base}/whip", av_clip, loop=True)
         link = NetemLink(NetemProfile(loss=0.10, delay_ms=40, jitter_ms=20), seed=7)
