@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from app.live.server import Tls
 
 log = logging.getLogger("synchrony")
+_PRODUCT = ServerConfig()  # the server options' defaults (tests/test_cli.py: serve with no arguments runs it)
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -119,10 +120,8 @@ def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
         output_delay_s=args.output_delay,
         media_timeout_s=args.media_timeout,
         asr_lanes=args.asr_lanes,
-        asr_processes=not args.asr_threads,
         ui=ui,
         admission=args.admission,
-        degrade=not args.no_degrade,
         shed_steps=args.shed,
         **({"session_cost_cores": args.session_cost} if args.session_cost else {}),
         turn_end_s=args.turn_end_silence,
@@ -142,10 +141,19 @@ def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = server_config(args)
+    except UsageError as exc:
+        print(f"synchrony serve: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return run_server(args, config)
+
+
+def run_server(args: argparse.Namespace, config: ServerConfig) -> int:
+    """Serve ``config`` on ``serve``'s address and TLS options (bench/serve.py runs variants of it this way)."""
     from app.live.reliability import bound_native_memory
 
     try:
-        config = server_config(args)
         check_exposure(args.host, config, args.no_auth, "serve")
         tls = _tls(args)
     except UsageError as exc:
@@ -225,17 +233,17 @@ def _train_controller(args: argparse.Namespace) -> int:
 
 def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> None:
     """The options of one server: ``serve``'s own, and each node's under ``cluster``."""
-    p.add_argument("--max-sessions", type=int, default=4,
+    p.add_argument("--max-sessions", type=int, default=_PRODUCT.max_sessions,
                    help="sessions per node (a node that reports a measured capacity uses that)" if per_node
                    else None)
-    p.add_argument("--video-backend", choices=["overlay", "svd"], default="overlay")
+    p.add_argument("--video-backend", choices=["overlay", "svd"], default=_PRODUCT.video_backend)
     p.add_argument("--svd-model", default=None, help="local SVD pipeline directory (or cached hub id)")
-    p.add_argument("--responder", choices=["assistant", "caption", "openai"], default="assistant",
+    p.add_argument("--responder", choices=["assistant", "caption", "openai"], default=_PRODUCT.responder,
                    help="assistant: a built-in assistant that needs no LLM; caption: echo the transcript (load tests); "
                         "openai: an OpenAI-compatible chat endpoint at --llm-url")
     p.add_argument("--llm-url", default=None, help="OpenAI-compatible endpoint for --responder openai")
     p.add_argument("--whisper", default=None, help="Whisper checkpoint (.pt) or CTranslate2 directory")
-    p.add_argument("--tts", choices=["festival", "openai", "off"], default="festival",
+    p.add_argument("--tts", choices=["festival", "openai", "off"], default=_PRODUCT.tts,
                    help="speak the answers (and send the avatar to clients that offer a second video m-line): "
                         "festival (local, default), openai (an OpenAI-compatible /audio/speech at --tts-url), off")
     p.add_argument("--tts-url", default=None, help="OpenAI-compatible TTS base URL for --tts openai (…/v1)")
@@ -255,40 +263,36 @@ def _add_server_options(p: argparse.ArgumentParser, per_node: bool = False) -> N
     p.add_argument("--turn-secret", default=None,
                    help="coturn's static-auth-secret (use-auth-secret), or $SYNCHRONY_TURN_SECRET: short-lived TURN "
                    "credentials per offer, so no long-lived password reaches a browser")
-    p.add_argument("--turn-ttl", type=int, default=3600, help="seconds such TURN credentials stay valid")
+    p.add_argument("--turn-ttl", type=int, default=_PRODUCT.turn_ttl_s, help="seconds such TURN credentials stay valid")
     p.add_argument("--ice-relay-only", action="store_true",
                    help="the server's own ICE agent offers TURN relay candidates only (needs a turn: --ice-server)")
     p.add_argument("--forwarded-allow-ip", action="append", default=[], metavar="ADDR",
                    help="a reverse proxy (address or CIDR, '*' any) whose X-Forwarded-For/-Proto/-Host/-Prefix "
                    "are believed (repeatable)")
-    p.add_argument("--offer-rate", type=float, default=1.0,
+    p.add_argument("--offer-rate", type=float, default=_PRODUCT.offer_rate_per_s,
                    help="WHIP offers per second per client address, past --offer-burst (0: no limit); over it 429")
-    p.add_argument("--offer-burst", type=int, default=10, help="offers one address may make at once")
+    p.add_argument("--offer-burst", type=int, default=_PRODUCT.offer_burst, help="offers one address may make at once")
     p.add_argument("--allowed-origin", action="append", default=[],
                    help="a browser Origin allowed on /whip besides the page's own (repeatable)")
-    p.add_argument("--output-delay", type=float, default=1.5,
+    p.add_argument("--output-delay", type=float, default=_PRODUCT.output_delay_s,
                    help="seconds the returned video runs behind the camera, so captions land on their frames")
-    p.add_argument("--asr-lanes", type=int, default=2,
+    p.add_argument("--asr-lanes", type=int, default=_PRODUCT.asr_lanes,
                    help="parallel Whisper decode threads shared by all sessions (one model copy each)")
-    p.add_argument("--asr-threads", action="store_true",
-                   help="decode in the server's process (default: each ASR lane in a child process of its own, so "
-                   "decodes do not hold up the event loop and the other stages on the interpreter lock)")
-    p.add_argument("--media-timeout", type=float, default=10.0,
+    p.add_argument("--media-timeout", type=float, default=_PRODUCT.media_timeout_s,
                    help="end a session after this many seconds without media from its peer")
-    p.add_argument("--admission", choices=["measured", "fixed"], default="measured",
+    p.add_argument("--admission", choices=["measured", "fixed"], default=_PRODUCT.admission,
                    help="measured: admit sessions while the measured CPU per session leaves room on the usable "
                    "cores (capped by --max-sessions); fixed: admit --max-sessions")
-    p.add_argument("--no-degrade", action="store_true", help="never shed work under overload (docs/WIRE.md)")
-    p.add_argument("--shed", type=int, choices=range(4), default=0, metavar="{0..3}",
+    p.add_argument("--shed", type=int, choices=range(4), default=_PRODUCT.shed_steps, metavar="{0..3}",
                    help="always take the first N steps of the degradation order (AU rate 16 -> 8/s, returned "
                         "video at half size, ASR step 0.15 -> 0.3 s): less CPU per session, so more sessions per "
                         "machine (BENCHMARKS.md, issue 20)")
     p.add_argument("--session-cost", type=float, default=0.0, help="CPU per session (cores) to assume until "
                    "one has been measured (default: the figure measured on a 2-core machine)")
-    p.add_argument("--turn-end-silence", type=float, default=0.3,
+    p.add_argument("--turn-end-silence", type=float, default=_PRODUCT.turn_end_s,
                    help="seconds of silence that end the user's turn and release the answer (0: wait for the "
                         "ASR's endpoint and final decode, the old behaviour)")
-    p.add_argument("--turn-unfinished-silence", type=float, default=0.6,
+    p.add_argument("--turn-unfinished-silence", type=float, default=_PRODUCT.turn_unfinished_end_s,
                    help="... when the last word heard rarely ends a sentence (to, the, and, ...)")
 
 

@@ -89,7 +89,7 @@ def main() -> None:
 
     single_threaded_blas()
     state = WarmState()
-    _warm_voice(ServerConfig(ui=False, tts="festival"), state)
+    _warm_voice(ServerConfig.in_process(ui=False, tts="festival"), state)
     voice = state.stages.voice
     idle, _, _ = asyncio.run(run(voice, min(args.seconds, 15.0), None))
     cpu, fest, share = asyncio.run(run(voice, args.seconds, args.period))

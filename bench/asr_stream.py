@@ -39,7 +39,7 @@ import difflib
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +60,7 @@ from models.asr import (  # noqa: E402
     join_chunks,
     transcribe_words,
 )
+from models.asr.streaming import AGREEMENT  # noqa: E402
 
 SENTENCES = (
     "please send the report to my office before noon",
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     one = run_simulated(sessions, config, "whisper")
     wer_stream = wer(off_ref, sum(one.finals, []))
     print(f"\n1 stream at a time ({len(sessions)} sessions, {len(VOICES[: len(sessions)])} voices), whisper"
-          f" (variable context), step {config.step_s}s, LocalAgreement-{config.agreement},"
+          f" (variable context), step {config.step_s}s, LocalAgreement-{AGREEMENT},"
           f" simulated real time: {len(one.lat)} words, audio {one.audio_s:.1f}s")
     print(f"  wall clock (this machine, loaded): p50 {1000 * pct(one.lat, 50):.0f} ms"
           f"  p95 {1000 * pct(one.lat, 95):.0f} ms  max {1000 * max(one.lat, default=float('nan')):.0f} ms")
@@ -420,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         verdict(f"{args.streams} streams p95, CPU clock ({args.lanes} cores)", 1000 * pct(rl.lat, 95), 1000)
 
     if not args.no_baseline:
-        base_cfg = StreamingConfig(step_s=1.0, agreement=2, max_window_s=15.0, refine=False,
-                                   guard_decode=False)  # decodes on the 1 s grid only
+        # LocalAgreement-2 (the module's AGREEMENT) on the 1 s grid only
+        base_cfg = replace(config, step_s=1.0, max_window_s=15.0, refine=False, guard_decode=False)
         base = run_simulated(sessions, base_cfg, faster_whisper_engine(), BaselineStreamingASR)
         print("\nbaseline: LocalAgreement-2 over faster-whisper (int8, 30-s padded), 1 s chunks, no VAD,"
               f" simulated real time: {len(base.lat)} words")

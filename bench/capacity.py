@@ -1,10 +1,10 @@
 """Server CPU per full-pipeline session, per stage, and what a simulated load-test peer costs.
 
-Spawns ``synchrony serve`` on 127.0.0.1 (from this tree, every session admitted, no degradation;
-with ``--baseline REF`` first from that git commit too, in the same run, so the two figures share
-the machine's conditions, with the same flags where that tree has them), runs one load-test round
-of ``--peers`` light peers (pre-encoded media,
-returned video counted, not decoded) looping the load test's sentence, and prints:
+Spawns ``synchrony serve`` on 127.0.0.1 (from this tree through bench/serve.py, every session admitted,
+no degradation; with ``--baseline REF`` first from that git commit too, in the same run, so the two
+figures share the machine's conditions, with the same flags where that tree has them), runs one
+load-test round of ``--peers`` light peers (pre-encoded media, returned video counted, not decoded)
+looping the load test's sentence, and prints:
 
 * server CPU per peer: the server process's CPU seconds during the round (psutil) per second a peer
   streamed (connect and teardown included), target ≤ ``--target`` cores;
@@ -71,14 +71,22 @@ def server_cpu_s(proc: psutil.Process) -> float:
     return total
 
 
+def full_service(tree: Path) -> tuple[Path | None, list[str]]:
+    """How to spawn ``tree``'s server with every session admitted and nothing shed: its bench launcher
+    (bench/serve.py) where it has one, else ``synchrony serve`` with the flags an older tree has."""
+    fixed = ["--admission", "fixed", "--no-degrade"]
+    if (tree / "bench" / "serve.py").exists():
+        return tree / "bench" / "serve.py", fixed
+    return None, fixed if "--no-degrade" in (tree / "app" / "cli.py").read_text() else []  # older trees lack them
+
+
 def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir: Path,
             extra: list[str] | None = None) -> dict[str, Any]:
     """One spawned server, one round of light peers: CPU per peer (server, per stage, client) and bounds.
     ``extra``: more arguments for the server (a ``--variant``)."""
-    cli = ((code_dir or ROOT) / "app" / "cli.py").read_text()
-    fixed = ["--admission", "fixed", "--no-degrade"] if "--no-degrade" in cli else []  # older trees lack them
+    launcher, fixed = full_service(code_dir or ROOT)
     server = spawn.SpawnedServer(args.peers + 2, out_dir / f"server-{label.replace(' ', '_')}.log",
-                                 fixed + (extra or []), code_dir=code_dir)
+                                 fixed + (extra or []), code_dir=code_dir, launcher=launcher)
     try:
         ready = server.wait_ready()
         proc = psutil.Process(server.proc.pid)

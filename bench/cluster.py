@@ -138,7 +138,8 @@ async def cluster_phases(args: argparse.Namespace, out: dict[str, Any]) -> bool:
 
     cluster = start_local_cluster(2, 1, pin=not args.share_cores)
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
-    config = RegistryConfig(server=ServerConfig(ui=False, max_sessions=args.per_node), node_host="127.0.0.1")
+    config = RegistryConfig(server=ServerConfig.in_process(ui=False, max_sessions=args.per_node),
+                            node_host="127.0.0.1")
     ok = True
     try:
         async with running_server(create_ingress_app(config)) as base, httpx.AsyncClient(base_url=base) as client:

@@ -27,7 +27,8 @@ How it is made deterministic (media time, not wall clock):
 * the three clips run one after another, one session each (libespeak-ng keeps state between
   syntheses, and the word-timing reference is synthesised per emission: sessions run together
   would shift each other's times by a millisecond or so). Stages are warmed by the server's own
-  ``app.live.warmup.warm_up(ServerConfig(ui=False), ...)``, every default stage, so ``hello`` lists nothing missing.
+  ``app.live.warmup.warm_up(ServerConfig.in_process(ui=False), ...)``, every default stage, so ``hello``
+  lists nothing missing.
 
 Determinism is shown by tests/test_replay_events.py (one clip twice in one process, no golden file:
 another CPU may decode other floats) and by ``--write`` then ``--check`` twice.
@@ -294,7 +295,7 @@ async def replay_clip(spec: ClipSpec, clip: Any, stages: Any, session_id: str) -
 
 
 def replay_all(specs: tuple[ClipSpec, ...] = CLIPS, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Warm every stage once, as ``synchrony serve`` does (ServerConfig defaults, no UI), and replay
+    """Warm every stage once, as ``synchrony serve`` does (the in-process preset, no UI), and replay
     every clip; the server's own warm-up, so a change there shows here too."""
     from app.live.server import ServerConfig
     from app.live.warmup import WarmState, warm_up
@@ -306,7 +307,7 @@ def replay_all(specs: tuple[ClipSpec, ...] = CLIPS, log: Callable[[str], None] =
     log(f"  built {len(clips)} clips in {time.monotonic() - c0:.1f} s")
     c0 = time.monotonic()
     state = WarmState()
-    warm_up(ServerConfig(ui=False), state)
+    warm_up(ServerConfig.in_process(ui=False), state)
     worker = state.stages.asr_worker
     log(f"  warmed the stages in {time.monotonic() - c0:.1f} s")
 

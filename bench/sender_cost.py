@@ -44,7 +44,8 @@ def _serve(url_file: str) -> None:
     from app.live.stages import Stage
 
     async def main() -> None:
-        config = ServerConfig(ui=False, stages=(Stage.FACES, Stage.CONTROLLER, Stage.RENDER, Stage.SYNC))
+        config = ServerConfig.in_process(ui=False,
+                                         stages=(Stage.FACES, Stage.CONTROLLER, Stage.RENDER, Stage.SYNC))
         async with running_server(create_app(config)) as base:
             Path(url_file).write_text(base)
             while True:

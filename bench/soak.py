@@ -108,7 +108,8 @@ def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:
     logging.basicConfig(level=logging.WARNING, format="server %(levelname)s %(name)s: %(message)s")
 
     async def main() -> None:
-        app = create_app(ServerConfig(ui=False, max_sessions=max_sessions, media_timeout_s=media_timeout_s))
+        app = create_app(ServerConfig.in_process(ui=False, max_sessions=max_sessions,
+                                                 media_timeout_s=media_timeout_s))
         install_debug_route(app)
         async with running_server(app) as base:
             Path(port_file).write_text(base)

@@ -1,9 +1,9 @@
 """Where a spawned server's CPU goes per thread while light peers run: which thread waits on which.
 
-Spawns ``synchrony serve`` (every session admitted, no degradation), runs one load-test round, and
-samples, once a second, every server thread's (and ASR lane process's) kernel counters: CPU, time
-spent runnable but waiting for a core (``schedstat``), context switches; plus the machine's
-``/proc/stat`` split and the server's event-loop lag. Optionally ``py-spy`` dumps or a recording
+Spawns ``synchrony serve`` through bench/serve.py (every session admitted, no degradation), runs one
+load-test round, and samples, once a second, every server thread's (and ASR lane process's) kernel
+counters: CPU, time spent runnable but waiting for a core (``schedstat``), context switches; plus the
+machine's ``/proc/stat`` split and the server's event-loop lag. Optionally ``py-spy`` dumps or a recording
 (``--record``). Threads that wait runnable for longer than they run, switching thousands of times a
 second, while the machine still has idle time, are handing the interpreter lock back and forth.
 
@@ -162,13 +162,14 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--pyspy", type=int, default=0, help="py-spy dumps to take (every 4 s)")
     p.add_argument("--record", type=int, default=0, help="py-spy record this many seconds (--native; <0: --gil)")
-    p.add_argument("--extra", default="", help="more `synchrony serve` arguments")
+    p.add_argument("--extra", default="", help="more `synchrony serve` (or bench/serve.py) arguments")
     p.add_argument("--out", default="/tmp/capdiag")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     server = spawn.SpawnedServer(args.peers + 2, out / "server.log",
-                                 ["--admission", "fixed", "--no-degrade", *args.extra.split()])
+                                 ["--admission", "fixed", "--no-degrade", *args.extra.split()],
+                                 launcher=ROOT / "bench" / "serve.py")
     rows: list[dict[str, Any]] = []
     dumps: list[str] = []
     names: dict[int, str] = {}

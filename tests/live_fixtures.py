@@ -16,7 +16,7 @@ def live_stages(whisper_model):
         from models.asr import ASRWorker
 
         state = WarmState()
-        warm_up(ServerConfig(ui=False, stages=("faces", "controller", "render", "sync", "response", "lst")),
+        warm_up(ServerConfig.in_process(ui=False, stages=("faces", "controller", "render", "sync", "response", "lst")),
                 state)
         worker = ASRWorker(model=whisper_model)
         worker.warmup()

@@ -28,7 +28,7 @@ def voice():
 
     if "voice" not in _VOICES:
         state = WarmState()
-        _warm_voice(ServerConfig(ui=False, tts="festival"), state)
+        _warm_voice(ServerConfig.in_process(ui=False, tts="festival"), state)
         _VOICES["voice"] = state.stages.voice
         _VOICES["missing"] = dict(state.stages.missing)
     return _VOICES["voice"]
@@ -140,7 +140,7 @@ def _msids(sdp: str) -> dict[str, str]:
 async def test_answer_is_spoken_with_avatar_in_one_stream(live_stages, voice, av_clip):  # noqa: F811
     """A peer offering the avatar m-line: hello v2, audio that is not silent, one msid for both
     answer tracks, answer words in order inside the answer, response_end done."""
-    app = create_app(ServerConfig(ui=False, tts="festival"), stages=_speaking_stages(live_stages, voice))
+    app = create_app(ServerConfig.in_process(ui=False, tts="festival"), stages=_speaking_stages(live_stages, voice))
     async with running_server(app) as base:
         peer = AnswerPeer(f"{base}/whip", av_clip)
         await peer.connect()
@@ -189,7 +189,7 @@ async def _one_answer(app, peer: AnswerPeer, timeout: float = 90.0) -> tuple[dic
 
 async def test_injected_avatar_shift_fails_the_answer_level3(live_stages, voice, av_clip):  # noqa: F811
     """The avatar drawn 80 ms behind the audio it is stamped with (the send path): answer_sync fails."""
-    app = create_app(ServerConfig(ui=False, tts="festival", avatar_shift_s=0.08),
+    app = create_app(ServerConfig.in_process(ui=False, tts="festival", avatar_shift_s=0.08),
                      stages=_speaking_stages(live_stages, voice))
     async with running_server(app) as base:
         peer = AnswerPeer(f"{base}/whip", av_clip)
@@ -204,7 +204,7 @@ async def test_injected_avatar_shift_fails_the_answer_level3(live_stages, voice,
 
 
 async def test_without_the_avatar_mline_the_answer_is_audio_and_text(live_stages, voice, av_clip):  # noqa: F811
-    app = create_app(ServerConfig(ui=False, tts="festival"), stages=_speaking_stages(live_stages, voice))
+    app = create_app(ServerConfig.in_process(ui=False, tts="festival"), stages=_speaking_stages(live_stages, voice))
     async with running_server(app) as base:
         peer = AnswerPeer(f"{base}/whip", av_clip, avatar=False)
         hello, end = await _one_answer(app, peer)
@@ -227,7 +227,7 @@ async def test_tts_failing_gives_one_warning_and_text_answers(live_stages, voice
     standin = await StandInTTS(mode="garbage").start() if failure == "garbage" else None
     url = standin.base_url if standin is not None else "http://127.0.0.1:9/v1"
     down = dataclasses.replace(voice, synthesizer=make_synthesizer("openai", base_url=url))
-    app = create_app(ServerConfig(ui=False, tts="openai"), stages=_speaking_stages(live_stages, down))
+    app = create_app(ServerConfig.in_process(ui=False, tts="openai"), stages=_speaking_stages(live_stages, down))
     async with running_server(app) as base:
         peer = AnswerPeer(f"{base}/whip", av_clip)
         hello, end = await _one_answer(app, peer)
@@ -246,7 +246,7 @@ async def test_a_new_turn_cuts_the_answer_at_what_was_spoken(live_stages, voice,
     """The user speaks again while the answer plays (the clip loops): the answer stops, response_end
     says barge_in with a prefix of it ending on a word whose audio was sent, and the next answer's
     history holds only that prefix."""
-    app = create_app(ServerConfig(ui=False, tts="festival"), stages=_speaking_stages(live_stages, voice))
+    app = create_app(ServerConfig.in_process(ui=False, tts="festival"), stages=_speaking_stages(live_stages, voice))
     async with running_server(app) as base:
         peer = AnswerPeer(f"{base}/whip", av_clip, loop=True)
         await peer.connect()
@@ -275,7 +275,7 @@ async def test_barge_in_detector_stops_the_answer(live_stages, voice, av_clip): 
     from models.bargein import BargeInDetector
 
     stages = _speaking_stages(live_stages, voice, make_bargein=BargeInDetector)
-    app = create_app(ServerConfig(ui=False, tts="festival"), stages=stages)
+    app = create_app(ServerConfig.in_process(ui=False, tts="festival"), stages=stages)
     async with running_server(app) as base:
         peer = AnswerPeer(f"{base}/whip", av_clip, loop=True)
         await peer.connect()

@@ -7,7 +7,6 @@ import concurrent.futures
 import difflib
 import multiprocessing
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from models.asr import (
     UtteranceEnd,
     WhisperEngine,
     get_engine,
+    streaming,
     transcribe_words,
 )
 from models.asr.engine import _loop_cut
@@ -315,7 +315,7 @@ def test_streaming_config_is_validated():
     with pytest.raises(ValueError):
         StreamingConfig(step_s=0)
     with pytest.raises(ValueError):
-        StreamingConfig(refine_context=-1)
+        StreamingConfig(max_window_s=1.0)
 
 
 def test_one_big_chunk_with_two_utterances_keeps_both(whisper_model):
@@ -378,12 +378,12 @@ def test_any_chunking_of_an_utterance_yields_its_words(whisper_model):
 def test_next_utterance_starts_from_the_last_words_without_repeating_them(whisper_model, pause_s):
     """After a short pause the next window opens on the last utterance's final words (acoustic and
     text context, forced as the prefix); they must not come out again as the new utterance's
-    words. After a pause longer than ``carry_gap_s`` the window starts afresh."""
+    words. After a pause longer than ``CARRY_GAP_S`` the window starts afresh."""
     a = testmedia.synthesize_speech_fresh("please send the report", lead_in_s=0.3)
     b = testmedia.synthesize_speech_fresh("call me at noon", lead_in_s=pause_s)
     audio = np.concatenate([a.samples, b.samples, np.zeros(int(0.6 * SAMPLE_RATE), np.float32)])
     asr = StreamingASR(model=whisper_model)
-    assert (pause_s <= asr.config.carry_gap_s) == (pause_s == 0.7)
+    assert (pause_s <= streaming.CARRY_GAP_S) == (pause_s == 0.7)
     prefixes: list[tuple[int, list[str]]] = []  # (utterance, words forced) per decode; the real model decodes
     transcribe = asr.engine.transcribe
 
@@ -481,7 +481,7 @@ class _ScriptedEngine:
 
 
 def test_an_unsure_word_is_final_when_its_guard_ends(speech):
-    """An agreed word below guard_prob becomes final once guard_s of audio follows it. With
+    """An agreed word below GUARD_PROB becomes final once guard_s of audio follows it. With
     guard_decode a decode is scheduled for that moment; without, it waits for the next step."""
     released: dict[bool, dict[str, float]] = {}
     for guard_decode in (True, False):
@@ -529,14 +529,16 @@ def _finals(engine: object, audio: np.ndarray, cfg: StreamingConfig) -> list[str
     return [e.text for e in events if isinstance(e, WordToken) and e.final]
 
 
-def test_a_word_heard_twice_over_a_cut_is_final_once(speech):
+def test_a_word_heard_twice_over_a_cut_is_final_once(speech, monkeypatch):
     """A repeat of the word before it waits for more audio, as an unsure word does: the cut that
     split one long word is gone by then. A real repetition, heard with audio for both copies,
     stays two words."""
     cfg = StreamingConfig(refine=False, carry_s=0.0)
     audio = speech.samples[: int(2.0 * SAMPLE_RATE)]
     split = _LongVowelEngine(((" Side", 0.35, 0.75), (" left.", 0.85, 1.25)), split_until=1.2)
-    assert _finals(split, audio, replace(cfg, hold_repeats=False))[:3] == ["Side", "side", "left"]  # the bug
+    with monkeypatch.context() as without:
+        without.setattr(streaming, "HOLD_REPEATS", False)
+        assert _finals(split, audio, cfg)[:3] == ["Side", "side", "left"]  # the bug
     assert _finals(split, audio, cfg)[:2] == ["Side", "left"]
     twice = _LongVowelEngine(((" Bye", 0.35, 0.6), (" bye.", 0.65, 0.95), (" Then", 1.05, 1.3)), split_until=0.0)
     assert _finals(twice, audio, cfg)[:3] == ["Bye", "bye", "Then"]
@@ -548,7 +550,7 @@ def _words(spec: str, start: float = 0.0, p: float = 0.9) -> list[DecodedWord]:
 
 
 def test_endpoint_words_said_over_silence_are_dropped():
-    """At an endpoint: words after the end of speech, trailing words under end_min_prob, and a
+    """At an endpoint: words after the end of speech, trailing words under END_MIN_PROB, and a
     repeat of the words before it with no speech left for it go; real speech stays."""
     final = _words("closed on sundays and holidays")  # 0 .. 1.5 s
     end = 1.55  # the VAD end of speech

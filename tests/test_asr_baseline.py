@@ -22,7 +22,7 @@ def test_faster_whisper_engine_hears_the_words(speech):
 
 
 def test_baseline_policy_decodes_without_a_vad_and_finalises_at_the_end(speech):
-    cfg = StreamingConfig(step_s=1.0, agreement=2, max_window_s=15.0, refine=False, guard_decode=False)
+    cfg = StreamingConfig(step_s=1.0, max_window_s=15.0, refine=False, guard_decode=False)  # LocalAgreement-2
     asr = BaselineStreamingASR(faster_whisper_engine(), cfg)
     audio = speech.samples
     events = [e for i in range(0, audio.size, 320) for e in asr.feed(AudioChunk(i / SAMPLE_RATE, audio[i : i + 320]))]

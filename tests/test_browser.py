@@ -66,7 +66,7 @@ async def test_page_shows_words_aus_and_returned_video(live_stages, fake_media, 
 
     y4m, wav = fake_media
     expected = {"".join(ch for ch in w.text.lower() if ch.isalpha()) for w in av_clip.words if len(w.text) > 2}
-    app = create_app(ServerConfig(), stages=live_stages)
+    app = create_app(ServerConfig.in_process(), stages=live_stages)
     args = [*CHROMIUM_ARGS, f"--use-file-for-fake-video-capture={y4m}", f"--use-file-for-fake-audio-capture={wav}"]
     async with running_server(app) as base, async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
@@ -173,7 +173,7 @@ def speaking_stages(live_stages):  # noqa: F811
     from models.responders import AssistantResponder
 
     state = WarmState()
-    _warm_voice(ServerConfig(ui=False, tts="festival"), state)
+    _warm_voice(ServerConfig.in_process(ui=False, tts="festival"), state)
     return dataclasses.replace(live_stages, voice=state.stages.voice, make_responder=AssistantResponder)
 
 
@@ -199,7 +199,7 @@ async def test_page_speaks_the_answer_with_a_moving_mouth(speaking_stages, fake_
     from app.loadtest import answers as ans
 
     y4m, _ = fake_media
-    app = create_app(ServerConfig(tts="festival"), stages=speaking_stages)
+    app = create_app(ServerConfig.in_process(tts="festival"), stages=speaking_stages)
     args = [*CHROMIUM_ARGS, f"--use-file-for-fake-video-capture={y4m}",
             f"--use-file-for-fake-audio-capture={user_speech}"]
     async with running_server(app) as base, async_playwright() as pw:

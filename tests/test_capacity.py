@@ -186,8 +186,8 @@ async def test_full_by_measured_capacity_503_with_retry_after_and_capacity_in_re
     black = np.zeros((90, 160, 3), np.uint8)
     silence = np.zeros(16000, np.float32)
     cost = usable_cores() * 0.85 / 1.6  # one session fits, two do not, on any machine
-    app = create_app(ServerConfig(ui=False, stages=(), admission="measured", session_cost_cores=cost,
-                                  max_sessions=4, retry_after_s=7, degrade=True))
+    app = create_app(ServerConfig.in_process(ui=False, stages=(), admission="measured", session_cost_cores=cost,
+                                             max_sessions=4, retry_after_s=7, degrade=True))
     async with running_server(app) as base:
         async with httpx.AsyncClient(base_url=base) as client:
             ready = (await client.get("/readyz")).json()
@@ -254,7 +254,7 @@ def test_asr_step_of_every_stream_follows_the_degradation():
     assert first.asr.config.step_s == second.asr.config.step_s == 0.3
     worker.set_step_s(None)
     assert first.asr.config.step_s == worker.open("c").asr.config.step_s == 0.15
-    assert first.asr.config.min_silence_s == worker.config.min_silence_s  # only the step changed
+    assert first.asr.config.guard_s == worker.config.guard_s  # only the step changed
 
 
 class _NullEngine:
@@ -341,7 +341,7 @@ def test_shed_steps_are_a_floor_the_overload_order_starts_above():
     assert deg.overloaded
     assert [deg.update(calm, float(t)) for t in range(4, 20)][-1] == 1  # gives steps back down to the floor only
     assert deg.reset(21.0) == 1 and not deg.overloaded
-    off = Degradation(enabled=False, floor=3)  # --no-degrade --shed 3: the floor holds, nothing moves
+    off = Degradation(enabled=False, floor=3)  # degrade off (bench/serve.py --no-degrade), --shed 3: the floor holds
     assert [off.update(busy, float(t)) for t in range(3)] == [3, 3, 3] and off.effects.asr_step_s == 0.3
     with pytest.raises(ValueError):
         Degradation(floor=4)
@@ -355,8 +355,8 @@ def test_a_server_that_sheds_always_gives_its_asr_the_longer_step_and_admits_by_
 
     assert app_cli.server_config(app_cli.build_parser().parse_args(["serve", "--shed", "3"])).shed_steps == 3
     worker = ASRWorker(engine=_NullEngine(), config=StreamingConfig(int8=False), autostart=False)
-    admission = Admission(ServerConfig(ui=False, stages=(), admission="measured", shed_steps=3, degrade=True),
-                          ServerMetrics())
+    admission = Admission(ServerConfig.in_process(ui=False, stages=(), admission="measured", shed_steps=3,
+                                                  degrade=True), ServerMetrics())
     admission.measure(0, worker)  # the first measurement, before any session
     assert worker.open("a").asr.config.step_s == 0.3
     assert admission.limit(1) == admission.current.sessions  # shedding by choice does not close the door

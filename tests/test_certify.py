@@ -32,7 +32,7 @@ def report(live_stages, key, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("cert")
 
     async def run() -> tuple[dict, list]:
-        app = create_app(ServerConfig(ui=False, output_delay_s=0.9), stages=live_stages)
+        app = create_app(ServerConfig.in_process(ui=False, output_delay_s=0.9), stages=live_stages)
         async with running_server(app) as base:
             args = argparse.Namespace(url=f"{base}/whip", spawn_server=False, responder=["caption"], netem=["clean"],
                                       workload="quick", loops=1, seed=0, token=None, standin_ttft_ms=100.0,

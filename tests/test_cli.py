@@ -41,3 +41,55 @@ def test_train_controller_bad_csv_is_one_line(tmp_path, capsys):
 def test_loadtest_refuses_a_non_loopback_target(capsys):
     assert main(["loadtest", "--url", "http://192.0.2.10:8000/whip", "--peers", "1", "--duration", "5"]) == 2
     assert "loopback" in capsys.readouterr().err
+
+
+def test_serve_with_no_arguments_runs_the_default_server_config(monkeypatch):
+    """``ServerConfig()`` is the product: what ``synchrony serve`` runs (and ``cluster`` on each node) when
+    given nothing; tests and benches start from the named ``ServerConfig.in_process`` preset instead."""
+    from dataclasses import replace
+
+    from app.cli import build_parser, server_config
+    from app.live.config import ServerConfig
+
+    monkeypatch.delenv("SYNCHRONY_TOKEN", raising=False)
+    monkeypatch.delenv("SYNCHRONY_TURN_SECRET", raising=False)
+    assert server_config(build_parser().parse_args(["serve"])) == ServerConfig()
+    assert server_config(build_parser().parse_args(["cluster"]), ui=False) == replace(ServerConfig(), ui=False)
+    preset = ServerConfig.in_process(ui=False)
+    assert not preset.ui and not preset.asr_processes and not preset.degrade and preset.tts == "off"
+    assert ServerConfig().asr_processes and ServerConfig().degrade and ServerConfig().admission == "measured"
+
+
+def test_bench_levers_are_off_the_product_cli_and_on_the_bench_launcher(monkeypatch, tmp_path):
+    """``--asr-threads`` and ``--no-degrade`` are bench/serve.py's; ``--admission`` and ``--session-cost``
+    (docs/WIRE.md) stay on ``serve``. bench/capacity.py spawns a tree's launcher, or an older tree's flags."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from app.cli import build_parser
+    from app.live.config import ServerConfig
+
+    monkeypatch.delenv("SYNCHRONY_TOKEN", raising=False)
+    monkeypatch.delenv("SYNCHRONY_TURN_SECRET", raising=False)
+    for lever in ("--asr-threads", "--no-degrade"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", lever])
+    build_parser().parse_args(["serve", "--admission", "fixed", "--session-cost", "0.5"])
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    from capacity import full_service
+    from serve import bench_config
+
+    args, config = bench_config(["--no-degrade", "--max-sessions", "3", "--asr-threads", "--admission", "fixed"])
+    assert args.max_sessions == 3
+    assert config == replace(ServerConfig(), max_sessions=3, admission="fixed", degrade=False, asr_processes=False)
+    assert bench_config([])[1] == ServerConfig()
+
+    assert full_service(bench.parent) == (bench / "serve.py", ["--admission", "fixed", "--no-degrade"])
+    older = tmp_path / "older"
+    (older / "app").mkdir(parents=True)
+    (older / "app" / "cli.py").write_text('p.add_argument("--no-degrade", action="store_true")\n')
+    assert full_service(older) == (None, ["--admission", "fixed", "--no-degrade"])
+    (older / "app" / "cli.py").write_text("# before degradation\n")
+    assert full_service(older) == (None, [])

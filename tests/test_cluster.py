@@ -21,7 +21,7 @@ from tests.live_fixtures import whip_offer
 TOKEN = "s3cret"
 #: One session per node (max_sessions; a node reporting a measured `capacity` would use that), one
 #: decode lane: two full servers share this machine's two cores with the test's own peers.
-CONFIG = RegistryConfig(server=ServerConfig(ui=False, max_sessions=1, asr_lanes=1, auth_token=TOKEN),
+CONFIG = RegistryConfig(server=ServerConfig.in_process(ui=False, max_sessions=1, asr_lanes=1, auth_token=TOKEN),
                         node_host="127.0.0.1", poll_interval_s=0.25)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -99,7 +99,7 @@ async def test_bad_input_through_the_ingress_gets_the_single_servers_answers(ray
         ("DELETE", "/whip/nope", {"headers": AUTH}),
         ("PATCH", "/whip/nope", {"headers": AUTH}),
     ]
-    single = create_app(ServerConfig(ui=False, stages=(), auth_token=TOKEN))
+    single = create_app(ServerConfig.in_process(ui=False, stages=(), auth_token=TOKEN))
     async with running_server(single) as single_base, running_server(create_ingress_app(CONFIG)) as base, \
             httpx.AsyncClient(base_url=single_base) as one, httpx.AsyncClient(base_url=base) as ingress:
         readyz = await ingress.get("/readyz")

@@ -175,16 +175,16 @@ def test_serve_refuses_a_public_address_without_a_token(capsys, monkeypatch):
     assert "does not exist" in capsys.readouterr().err
     check_exposure("127.0.0.1", ServerConfig(), no_auth=False, command="serve")  # loopback: no token needed
     check_exposure("0.0.0.0", ServerConfig(auth_token="t"), no_auth=False, command="serve")
-    check_exposure("0.0.0.0", ServerConfig(offer_rate_per_s=1.0), no_auth=True, command="serve")
+    check_exposure("0.0.0.0", ServerConfig(), no_auth=True, command="serve")
     assert "WARNING" in capsys.readouterr().err
     with pytest.raises(UsageError):
         check_exposure("192.0.2.1", ServerConfig(), no_auth=False, command="serve")
 
 
 async def test_metrics_can_ask_for_the_token_and_options_names_ice_servers():
-    config = ServerConfig(**NO_MODELS, auth_token="tok", metrics_auth=True,
-                          ice_servers=(IceServer("stun:192.0.2.1:3478"), IceServer("turn:192.0.2.1:3478")),
-                          turn_secret="s3cret")
+    config = ServerConfig.in_process(**NO_MODELS, auth_token="tok", metrics_auth=True,
+                                     ice_servers=(IceServer("stun:192.0.2.1:3478"), IceServer("turn:192.0.2.1:3478")),
+                                     turn_secret="s3cret")
     async with running_server(create_app(config)) as base, httpx.AsyncClient(base_url=base) as client:
         auth = {"Authorization": "Bearer tok"}
         for path in ("/metrics", "/metrics/lst"):
@@ -201,7 +201,7 @@ async def test_metrics_can_ask_for_the_token_and_options_names_ice_servers():
 
 async def test_https_serves_page_whip_and_metrics(tmp_path):
     cert, key = netns.self_signed(tmp_path, "127.0.0.1")
-    app = create_app(ServerConfig(stages=()))
+    app = create_app(ServerConfig.in_process(stages=()))
     async with running_server(app, tls=Tls(cert, key)) as base:
         assert base.startswith("https://")
         async with httpx.AsyncClient(base_url=base, verify=str(cert)) as client:
@@ -222,7 +222,7 @@ async def test_https_serves_page_whip_and_metrics(tmp_path):
 async def test_an_offer_flood_gets_429_while_the_admitted_session_keeps_its_pace():
     """200 offers in 2 s from one address: past the burst, 429 + Retry-After; the session already
     admitted keeps getting its 16 fps video."""
-    config = ServerConfig(**NO_MODELS, max_sessions=1, offer_rate_per_s=1.0, offer_burst=10)
+    config = ServerConfig.in_process(**NO_MODELS, max_sessions=1, offer_rate_per_s=1.0, offer_burst=10)
     app = create_app(config)
     sdp = await whip_offer()
     async with running_server(app) as base:
@@ -286,7 +286,7 @@ async def _send_garbage(peer: WhipPeer, seconds: float, rate: int = 60) -> None:
 
 
 async def test_garbage_rtp_closes_only_its_own_session():
-    app = create_app(ServerConfig(**NO_MODELS, max_sessions=2))
+    app = create_app(ServerConfig.in_process(**NO_MODELS, max_sessions=2))
     async with running_server(app) as base:
         good = WhipPeer(f"{base}/whip", frames=[_black()], fps=15, audio=_silence())
         bad = WhipPeer(f"{base}/whip", frames=[_black()], fps=15, audio=_silence())
@@ -318,7 +318,7 @@ async def test_a_lossy_sender_is_not_mistaken_for_garbage(av_clip):
     none of that is garbage, so the session keeps running and gets no ``error``."""
     from app.loadtest.netem import NetemLink, NetemProfile
 
-    app = create_app(ServerConfig(**NO_MODELS, max_sessions=1))
+    app = create_app(ServerConfig.in_process(**NO_MODELS, max_sessions=1))
     async with running_server(app) as base:
         peer = WhipPeer(f"{base}/whip", av_clip, loop=True)
         link = NetemLink(NetemProfile(loss=0.10, delay_ms=40, jitter_ms=20), seed=7)
@@ -363,7 +363,7 @@ async def test_plain_http_at_a_network_address_says_why_there_is_no_camera(ns, f
     from playwright.async_api import async_playwright
 
     with netns.inside(ns):
-        async with running_server(create_app(ServerConfig(stages=())), ns.server_ip) as base, \
+        async with running_server(create_app(ServerConfig.in_process(stages=())), ns.server_ip) as base, \
                 async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=_chromium_args(*fake_media))
             try:
@@ -395,7 +395,8 @@ async def test_https_page_at_a_network_address_through_turn_relay(ns, live_stage
     with netns.inside(ns):
         turn = netns.Coturn(ns.server_ip, secret, tmp_path)
         turn.start()
-        config = ServerConfig(auth_token="tok", ice_servers=(parse_ice_server(turn.url),), turn_secret=secret)
+        config = ServerConfig.in_process(auth_token="tok", ice_servers=(parse_ice_server(turn.url),),
+                                         turn_secret=secret)
         app = create_app(config, stages=live_stages)
         try:
             async with running_server(app, ns.server_ip, tls=Tls(cert, key)) as base, async_playwright() as pw:
@@ -446,8 +447,8 @@ async def test_aiortc_peer_forced_to_relay_gets_words_aus_and_sync(ns, live_stag
         turn = netns.Coturn(ns.server_ip, secret, tmp_path)
         turn.start()
         try:
-            config = ServerConfig(ui=False, output_delay_s=0.9, ice_servers=(parse_ice_server(turn.url),),
-                                  turn_secret=secret)
+            config = ServerConfig.in_process(ui=False, output_delay_s=0.9,
+                                             ice_servers=(parse_ice_server(turn.url),), turn_secret=secret)
             app = create_app(config, stages=live_stages)
             async with running_server(app, ns.server_ip) as base:
                 peer = WhipPeer(f"{base}/whip", av_clip, loop=True, relay=True)
@@ -478,8 +479,9 @@ async def test_cluster_ingress_limits_offers_and_names_ice_servers():
         async def run(self, client: httpx.AsyncClient) -> None:
             await asyncio.Event().wait()
 
-    server = ServerConfig(**NO_MODELS, auth_token="tok", metrics_auth=True, offer_rate_per_s=0.5, offer_burst=2,
-                          ice_servers=(IceServer("turn:192.0.2.1:3478"),), turn_secret="s3cret")
+    server = ServerConfig.in_process(**NO_MODELS, auth_token="tok", metrics_auth=True, offer_rate_per_s=0.5,
+                                     offer_burst=2, ice_servers=(IceServer("turn:192.0.2.1:3478"),),
+                                     turn_secret="s3cret")
     config = RegistryConfig(server=server)
     sdp = await whip_offer()
     auth = {"Authorization": "Bearer tok"}

@@ -73,11 +73,11 @@ def test_streaming_bound_holds_and_times_hold(hts_speech, hts_raw):
         assert refine_word_times(altered, 0.0, hts_raw[:n], lookahead_s=look) == head, f"{n} words"
 
 
-def test_a_following_word_keeps_streamed_words_off_the_next_ones_start(whisper_model):
+def test_a_following_word_keeps_streamed_words_off_the_next_ones_start(whisper_model, monkeypatch):
     """Streamed, each emission's look-ahead audio holds the next word's start: with the
     recogniser's next interim word following in the forced alignment's text, the emitted words
     are not stretched over it (a diphone voice, which the aligner serves by forced alignment)."""
-    from models.asr import StreamingASR, StreamingConfig
+    from models.asr import StreamingASR, streaming
 
     texts = ("could you bring a towel and a cup of tea to the room upstairs",
              "the old clock on the wall stopped at a quarter past nine")
@@ -86,7 +86,8 @@ def test_a_following_word_keeps_streamed_words_off_the_next_ones_start(whisper_m
         sp = festival.synthesize_festival(text, "kal_diphone", lead_in_s=0.6)
         audio = np.concatenate([sp.samples, np.zeros(SAMPLE_RATE, np.float32)])
         for follow in errors:
-            asr = StreamingASR(model=whisper_model, config=StreamingConfig(refine_follow=follow))
+            monkeypatch.setattr(streaming, "REFINE_FOLLOW", follow)  # a recipe constant, not a product knob
+            asr = StreamingASR(model=whisper_model)
             chunks = [AudioChunk(i / SAMPLE_RATE, audio[i : i + 320]) for i in range(0, len(audio), 320)]
             events = [e for c in chunks for e in asr.feed(c)] + asr.flush()
             finals = [e for e in events if isinstance(e, WordToken) and e.final]

@@ -46,7 +46,7 @@ def _silver_stream(agg: LSTAggregate) -> None:
 
 async def test_probe_exit_codes_follow_the_tier(capsys):
     agg = LSTAggregate()
-    app = create_app(ServerConfig(ui=False, stages=()), stages=Stages(lst=agg))
+    app = create_app(ServerConfig.in_process(ui=False, stages=()), stages=Stages(lst=agg))
     async with running_server(app) as base:
         code, out, _ = await _probe(capsys, base, "--require", "bronze")
         assert code == 1 and "only 0 responses" in out  # nothing measured yet is not a pass
@@ -64,7 +64,7 @@ async def test_probe_exit_codes_follow_the_tier(capsys):
 
 
 async def test_probe_without_an_lst_stage_is_unreadable(capsys):
-    app = create_app(ServerConfig(ui=False, stages=()))
+    app = create_app(ServerConfig.in_process(ui=False, stages=()))
     async with running_server(app) as base:
         code, _, err = await _probe(capsys, base, "--require", "bronze")
     assert code == 3 and "HTTP 503" in err

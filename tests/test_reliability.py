@@ -69,7 +69,7 @@ async def _metric(base: str, name: str) -> str:
 
 
 async def test_vanished_peer_is_reaped_and_frees_its_resources(live_stages, av_clip):  # noqa: F811
-    app = create_app(ServerConfig(ui=False, media_timeout_s=2.0), stages=live_stages)
+    app = create_app(ServerConfig.in_process(ui=False, media_timeout_s=2.0), stages=live_stages)
     async with running_server(app) as base:
         before = await settle(app)
         peer = WhipPeer(f"{base}/whip", av_clip, loop=True)
@@ -100,7 +100,7 @@ async def test_vanished_peer_is_reaped_and_frees_its_resources(live_stages, av_c
 
 
 async def test_connect_disconnect_cycles_leave_nothing_behind(live_stages, av_clip):  # noqa: F811
-    app = create_app(ServerConfig(ui=False, max_sessions=2), stages=live_stages)
+    app = create_app(ServerConfig.in_process(ui=False, max_sessions=2), stages=live_stages)
 
     async def cycle() -> None:
         peer = WhipPeer(f"{base}/whip", av_clip, loop=True)
@@ -135,7 +135,7 @@ async def test_absurd_frame_size_degrades_only_that_session(live_stages, av_clip
     from dataclasses import replace
 
     stages = replace(live_stages, asr_worker=None)  # AU path only: keeps the test fast
-    app = create_app(ServerConfig(ui=False), stages=stages)
+    app = create_app(ServerConfig.in_process(ui=False), stages=stages)
     async with running_server(app) as base:
         good = WhipPeer(f"{base}/whip", av_clip, loop=True)
         bad = WhipPeer(f"{base}/whip", frames=_big_frames(), fps=5, audio=av_clip.audio, loop=True)
@@ -166,7 +166,7 @@ async def test_absurd_frame_size_degrades_only_that_session(live_stages, av_clip
 async def test_lossy_jittery_link_keeps_the_session_bounded(live_stages, av_clip):  # noqa: F811
     from app.loadtest.netem import NetemLink, parse_profile
 
-    app = create_app(ServerConfig(ui=False), stages=live_stages)
+    app = create_app(ServerConfig.in_process(ui=False), stages=live_stages)
     async with running_server(app) as base:
         peer = WhipPeer(f"{base}/whip", av_clip, loop=True, keep_frames=1)
         link = NetemLink(parse_profile("loss=5%,delay=40ms,jitter=20ms"), seed=7)
@@ -199,7 +199,7 @@ async def test_unnegotiable_offers_are_400_and_leave_nothing_behind():
     import re
 
     sdp = await whip_offer()
-    app = create_app(ServerConfig(ui=False, stages=()))
+    app = create_app(ServerConfig.in_process(ui=False, stages=()))
     async with running_server(app) as base, httpx.AsyncClient(base_url=base) as c:
         before = await settle(app)
         h = {"Content-Type": "application/sdp"}
@@ -220,7 +220,7 @@ async def test_unnegotiable_offers_are_400_and_leave_nothing_behind():
 async def test_origin_check():
     """Same origin, listed origins and clients without Origin pass; any other page is refused."""
     sdp = await whip_offer()
-    app = create_app(ServerConfig(ui=False, stages=(), allowed_origins=("https://app.example",)))
+    app = create_app(ServerConfig.in_process(ui=False, stages=(), allowed_origins=("https://app.example",)))
     async with running_server(app) as base, httpx.AsyncClient(base_url=base) as c:
         for origin, status in ((None, 201), ("https://app.example", 201), (base, 201),
                                ("https://evil.example", 403), ("null", 403), (base.replace("127.0.0.1", "x"), 403)):
@@ -263,7 +263,7 @@ def test_loop_lag_keeps_the_window_maximum():
 
 
 async def test_a_blocked_event_loop_shows_on_the_metrics():
-    app = create_app(ServerConfig(ui=False, warmup=False))
+    app = create_app(ServerConfig.in_process(ui=False, warmup=False))
     async with running_server(app) as base:
         await asyncio.sleep(0.3)
         time.sleep(0.4)  # a CPU-bound call on the loop, the bug this gauge exists to catch

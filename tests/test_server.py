@@ -20,7 +20,7 @@ from app.loadtest.peer import WhipPeer
 from tests.live_fixtures import live_stages  # noqa: F401 - shared session fixture
 
 ROOT = Path(__file__).resolve().parents[1]
-NO_MODELS = ServerConfig(ui=False, stages=())
+NO_MODELS = ServerConfig.in_process(ui=False, stages=())
 
 
 async def offer_sdp(datachannel: bool = True, video: bool = True) -> str:
@@ -64,7 +64,7 @@ async def test_offer_checks_name_what_is_wrong():
 
 async def test_refusals_are_clear_and_never_tracebacks():
     sdp = await offer_sdp()
-    app = create_app(ServerConfig(ui=False, stages=(), max_sdp_bytes=8192))
+    app = create_app(ServerConfig.in_process(ui=False, stages=(), max_sdp_bytes=8192))
     async with running_server(app) as base, httpx.AsyncClient(base_url=base) as client:
         cases = [
             (415, {"content": sdp, "headers": {"Content-Type": "application/json"}}, "application/sdp"),
@@ -91,7 +91,7 @@ async def test_refusals_are_clear_and_never_tracebacks():
 
 async def test_bearer_token_required_when_configured():
     sdp = await offer_sdp()
-    app = create_app(ServerConfig(ui=False, stages=(), auth_token="s3cret"))
+    app = create_app(ServerConfig.in_process(ui=False, stages=(), auth_token="s3cret"))
     async with running_server(app) as base, httpx.AsyncClient(base_url=base) as client:
         resp = await client.post("/whip", content=sdp, headers={"Content-Type": "application/sdp"})
         assert resp.status_code == 401 and resp.headers["WWW-Authenticate"] == "Bearer"
@@ -105,7 +105,7 @@ async def test_bearer_token_required_when_configured():
 
 
 async def test_full_server_says_503_with_retry_after_and_delete_frees_a_slot():
-    app = create_app(ServerConfig(ui=False, stages=(), max_sessions=1))
+    app = create_app(ServerConfig.in_process(ui=False, stages=(), max_sessions=1))
     async with running_server(app) as base:
         await wait_ready(httpx.AsyncClient(base_url=base))
         first = WhipPeer(f"{base}/whip", frames=[_black()], fps=10, audio=_silence())
@@ -136,7 +136,7 @@ async def test_a_session_that_fails_to_build_gives_its_slot_back(monkeypatch: py
         return real(*args, **kwargs)
 
     monkeypatch.setattr(routes, "Session", failing_once)
-    app = create_app(ServerConfig(ui=False, stages=(), max_sessions=1))
+    app = create_app(ServerConfig.in_process(ui=False, stages=(), max_sessions=1))
     async with running_server(app) as base:
         client = httpx.AsyncClient(base_url=base)
         await wait_ready(client)
@@ -149,7 +149,7 @@ async def test_a_session_that_fails_to_build_gives_its_slot_back(monkeypatch: py
 
 async def test_happy_path_events_and_returned_video(live_stages, av_clip):  # noqa: F811
     """A talking-face clip in; AU, token and sync events and a 16 fps video out; DELETE ends it."""
-    app = create_app(ServerConfig(ui=False, output_delay_s=0.9), stages=live_stages)
+    app = create_app(ServerConfig.in_process(ui=False, output_delay_s=0.9), stages=live_stages)
     async with running_server(app) as base:
         peer = WhipPeer(f"{base}/whip", av_clip, loop=True)  # looped: a starved ASR gets another pass
         await peer.connect()
@@ -209,7 +209,7 @@ async def test_stage_failure_degrades_only_that_stage(live_stages, av_clip):  # 
             pass
 
     stages = replace(live_stages, renderer=ExplodingRenderer(), asr_worker=None)
-    app = create_app(ServerConfig(ui=False), stages=stages)
+    app = create_app(ServerConfig.in_process(ui=False), stages=stages)
     async with running_server(app) as base:
         peer = WhipPeer(f"{base}/whip", av_clip)
         await peer.connect()
@@ -224,7 +224,7 @@ async def test_stage_failure_degrades_only_that_stage(live_stages, av_clip):  # 
 
 async def test_vanished_peer_is_reaped():
     """A client killed with SIGKILL (no DELETE, no DTLS close): its session, tasks and thread go."""
-    app = create_app(ServerConfig(ui=False, stages=(), media_timeout_s=2.0))
+    app = create_app(ServerConfig.in_process(ui=False, stages=(), media_timeout_s=2.0))
     async with running_server(app) as base:
         await wait_ready(httpx.AsyncClient(base_url=base))
         proc = await asyncio.create_subprocess_exec(

@@ -173,7 +173,7 @@ async def test_a_live_conversation_yields_a_trace_whose_turn_names_its_children(
 
     llm = await StandInLLM(ttft_s=0.08).start()
     stages = dataclasses.replace(live_stages, make_responder=lambda: OpenAIResponder(base_url=llm.base_url))
-    app = create_app(ServerConfig(ui=False, output_delay_s=0.9), stages=stages)
+    app = create_app(ServerConfig.in_process(ui=False, output_delay_s=0.9), stages=stages)
     try:
         async with running_server(app) as base:
             peer = WhipPeer(f"{base}/whip", av_clip, traceparent=WHIP_PARENT)

@@ -81,7 +81,7 @@ async def test_live_session_prefetches_an_openai_answer_and_reports_both_figures
 
     llm = await StandInLLM(ttft_s=0.1).start()
     stages = dataclasses.replace(live_stages, make_responder=lambda: OpenAIResponder(base_url=llm.base_url))
-    app = create_app(ServerConfig(ui=False, output_delay_s=0.9), stages=stages)
+    app = create_app(ServerConfig.in_process(ui=False, output_delay_s=0.9), stages=stages)
     try:
         async with running_server(app) as base:
             peer = WhipPeer(f"{base}/whip", av_clip)  # the sentence, then silence

@@ -31,7 +31,7 @@ def speaking_stages(live_stages):  # noqa: F811
     from models.responders import AssistantResponder
 
     state = WarmState()
-    _warm_voice(ServerConfig(ui=False, tts="festival"), state)
+    _warm_voice(ServerConfig.in_process(ui=False, tts="festival"), state)
     return dataclasses.replace(live_stages, voice=state.stages.voice, make_responder=AssistantResponder)
 
 
@@ -52,7 +52,7 @@ async def test_voice_peer_measures_voice_to_voice_lip_sync_and_barge_in(speaking
 
     first = festival.synthesize_festival("what is the weather like today", "kal_diphone").samples
     second = festival.synthesize_festival("hold on please tell me about the moon instead", "kal_diphone").samples
-    app = create_app(ServerConfig(ui=False, tts="festival"), stages=speaking_stages)
+    app = create_app(ServerConfig.in_process(ui=False, tts="festival"), stages=speaking_stages)
     async with running_server(app) as base:
         echo = ans.EchoPath(ans.RoomResponse.seeded(1))
         peer = VoicePeer(f"{base}/whip", talking_face_frames(np.zeros(8), (320, 180)), fps=16.0, echo=echo,

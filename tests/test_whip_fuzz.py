@@ -89,8 +89,8 @@ def server() -> Iterator[ServerThread]:
     errors = _Errors()
     for name in ("synchrony.server", "uvicorn.error"):
         logging.getLogger(name).addHandler(errors)
-    config = ServerConfig(ui=False, stages=(), max_sessions=3, media_timeout_s=1.0, max_sdp_bytes=16384,
-                          auth_token=TOKEN, allowed_origins=("https://allowed.example",))
+    config = ServerConfig.in_process(ui=False, stages=(), max_sessions=3, media_timeout_s=1.0, max_sdp_bytes=16384,
+                                     auth_token=TOKEN, allowed_origins=("https://allowed.example",))
     try:
         with ServerThread(config) as srv:
             srv.errors = errors  # type: ignore[attr-defined]

@@ -3,7 +3,7 @@ read it; the cluster gives the same record to every node's server."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.live.ice import IceServer
 from app.live.stages import Stage
@@ -17,12 +17,13 @@ SESSION_COST_CORES = 0.88
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Everything ``synchrony serve`` can set."""
+    """Everything ``synchrony serve`` can set; the defaults are what it runs with no arguments (a test reads
+    them off the CLI). Servers inside a test's or a bench's own process start from :meth:`in_process`."""
 
     max_sessions: int = 4
     video_backend: str = "overlay"
     svd_model: str | None = None
-    responder: str = "caption"
+    responder: str = "assistant"
     llm_url: str | None = None
     whisper_path: str | None = None
     auth_token: str | None = None
@@ -37,8 +38,8 @@ class ServerConfig:
     # proxies whose X-Forwarded-For/-Proto/-Host/-Prefix are believed ("*": any; app.live.proxy)
     forwarded_allow_ips: tuple[str, ...] = ()
     # WHIP offers per client address: a bucket of ``offer_burst`` refilled at ``offer_rate_per_s`` (0: no
-    # limit, in-process test servers; ``synchrony serve`` limits); over it, 429 + Retry-After
-    offer_rate_per_s: float = 0.0
+    # limit); over it, 429 + Retry-After
+    offer_rate_per_s: float = 1.0
     offer_burst: int = 10
     # what one session may cost whatever its sender sends (app.live.ingest): camera frames above this size are
     # scaled down and above this rate dropped before the face stage; incoming RTP above the bitrate is dropped
@@ -49,29 +50,25 @@ class ServerConfig:
     output_size: tuple[int, int] = (640, 360)
     media_timeout_s: float = 10.0
     asr_lanes: int = 2  # decode threads sharing the sessions (one per core: decodes of different sessions overlap)
-    # each lane decodes in a child process (``synchrony serve``'s default): decoding in the server's
-    # process makes the event loop and the other stages wait for the interpreter lock (models/asr/worker.py).
-    # Off for in-process servers (tests, benches), whose startup stays one process.
-    asr_processes: bool = False
-    # "measured": admit as many as the measured CPU per session allows (``synchrony serve``'s default);
-    # "fixed": max_sessions (in-process test servers, whose CPU includes their own test peers)
-    admission: str = "fixed"
+    # each lane decodes in a child process: decoding in the server's process makes the event loop and the
+    # other stages wait for the interpreter lock (models/asr/worker.py)
+    asr_processes: bool = True
+    # "measured": admit as many as the measured CPU per session allows; "fixed": max_sessions
+    admission: str = "measured"
     session_cost_cores: float = SESSION_COST_CORES  # CPU per session until this server has measured its own
     target_utilisation: float = 0.85  # of the usable cores, for admitted sessions
     retry_after_s: int = 5  # Retry-After of a 503 when full
-    # under a brief overload, shed work in app.live.degrade.ORDER before words run late (``synchrony serve``'s
-    # default; off for in-process servers, whose load includes their own test peers)
-    degrade: bool = False
+    # under a brief overload, shed work in app.live.degrade.ORDER before words run late
+    degrade: bool = True
     # steps of that order always taken (``--shed N``): cheaper sessions, so more of them per machine
     # (BENCHMARKS.md, issue 20), for a lower AU rate, a smaller returned video and later finals
     shed_steps: int = 0
     turn_end_s: float = 0.3  # silence that ends a user's turn (app/live/turns.py); 0: the ASR's endpoint decides
     turn_unfinished_end_s: float = 0.6  # ... after a word a sentence rarely ends on
     max_sdp_bytes: int = MAX_SDP_BYTES
-    # Spoken answers (app/live/answer.py): "festival" (``synchrony serve``'s default), "openai" (an
-    # OpenAI-compatible /audio/speech at tts_url) or "off". Off for in-process servers (tests, benches, the
-    # replay check), whose events stay those of text answers.
-    tts: str = "off"
+    # Spoken answers (app/live/answer.py): "festival", "openai" (an OpenAI-compatible /audio/speech at
+    # tts_url) or "off"
+    tts: str = "festival"
     tts_url: str | None = None
     tts_voice: str | None = None  # festival voice / OpenAI voice name (None: the engine's default)
     avatar: bool = True  # send the avatar on a second video m-line when the client offers one
@@ -83,3 +80,16 @@ class ServerConfig:
     warmup: bool = True  # load and run every model before /readyz says ready
     stages: tuple[Stage, ...] = (Stage.FACES, Stage.CONTROLLER, Stage.ASR, Stage.RENDER, Stage.SYNC, Stage.RESPONSE,
                                  Stage.LST)
+
+    @classmethod
+    def in_process(cls, **changes: object) -> ServerConfig:
+        """The preset of a server inside a test's or a bench's own process (and of the replay check), with
+        ``changes`` on top: lanes as threads (one process starts fast), ``max_sessions`` admitted and no
+        shedding (its CPU includes its own test peers), no offer limit, and text answers echoing the
+        transcript (``caption``), so its events stay those the tests and the replay baseline expect."""
+        return replace(IN_PROCESS, **changes)
+
+
+#: The in-process preset (:meth:`ServerConfig.in_process`).
+IN_PROCESS = ServerConfig(responder="caption", asr_processes=False, admission="fixed", degrade=False,
+                          offer_rate_per_s=0.0, tts="off")

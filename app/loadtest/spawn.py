@@ -44,17 +44,19 @@ class SpawnedServer:
     """``synchrony serve`` in a subprocess on 127.0.0.1 and a free port, logging to a file."""
 
     def __init__(self, max_sessions: int, log_path: Path, extra: list[str] | None = None,
-                 code_dir: Path | None = None, cores: set[int] | None = None) -> None:
+                 code_dir: Path | None = None, cores: set[int] | None = None, launcher: Path | None = None) -> None:
         """``code_dir``: run the server from that source tree (a benchmark's baseline), not this one;
-        ``cores``: run it (and what it starts) on these cores only."""
+        ``cores``: run it (and what it starts) on these cores only; ``launcher``: a script that takes
+        ``serve``'s options and more (bench/serve.py, the benches' levers), run instead of ``synchrony serve``."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/whip"
         self.log_path = log_path
-        cmd = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "serve",
-               "--host", "127.0.0.1", "--port", str(self.port), "--max-sessions", str(max_sessions),
-               *(extra or [])]
+        serve = ([str(launcher)] if launcher else
+                 ["-c", "import sys; from app.cli import main; sys.exit(main())", "serve"])
+        cmd = [sys.executable, *serve, "--host", "127.0.0.1", "--port", str(self.port), "--max-sessions",
+               str(max_sessions), *(extra or [])]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = None if code_dir is None else {**os.environ, "PYTHONPATH": str(code_dir)}
         if cores:

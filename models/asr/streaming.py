@@ -84,53 +84,54 @@ class _AudioBuffer:
         return self._data[i:j].copy()
 
 
+# The recipe's constants (defaults chosen on espeak speech with tiny.en; docs/asr-measurements.md).
+# Final-word latency is roughly RIGHT_CONTEXT_S + up to two steps + one decode inside an utterance,
+# and MIN_SILENCE_S + one decode for its last word.
+MIN_SILENCE_S = 0.25  # VAD silence that ends an utterance
+VAD_THRESHOLD = 0.5
+PRE_ROLL_S = 0.25  # audio kept before the VAD start
+TAIL_S = 0.15  # audio kept after the VAD end when finalising
+LOOKAHEAD_S = 0.1  # refinement may look this far past a word's estimated end (bounded)
+REFINE_CONTEXT = 2  # final words of the utterance that lead the refinement's reference
+REFINE_FOLLOW = 1  # interim words after the finals that close the forced alignment's text
+AGREEMENT = 2  # LocalAgreement-n
+MIN_COMMIT_S = 0.3  # no finals before the utterance has this much audio (junk guard)
+RIGHT_CONTEXT_S = 0.05  # a word becomes final only with this much audio after it
+GUARD_PROB = 0.5  # an agreed word below this probability waits for its guard (StreamingConfig.guard_s)
+HOLD_REPEATS = True  # a word repeating the one before it waits for its guard as an unsure one
+# A carried window with this much new speech must go on (None: off): forced through the carried words,
+# tiny.en tends to end the text for the first decodes of the new speech; so the first word agrees a step sooner.
+EXPECT_AFTER_S: float | None = 0.15
+END_MIN_PROB = 0.2  # at an endpoint, trailing words below this are the model hearing silence
+CONTEXT_S = 0.0  # audio of final words kept in a re-based window (acoustic context)
+CARRY_GAP_S = 2.0  # an utterance within this pause of the last one opens on its carried words
+MAX_GAP_S = 1.0  # a pts gap up to this is filled with silence; longer restarts the stream
+
+
 @dataclass(frozen=True)
 class StreamingConfig:
-    """Streaming knobs (defaults chosen on espeak speech with tiny.en; see bench/asr_stream.py).
+    """The knobs of streaming recognition that the product or a benchmark's recipe sets; the rest of the
+    recipe is the module's constants above.
 
-    Final-word latency is roughly ``right_context_s`` + up to two ``step_s`` + one decode for
-    words inside an utterance, and ``min_silence_s`` + one decode for its last word. Words the
-    model is unsure of (``guard_prob``; tiny.en's misheard words mostly are) wait for
-    ``guard_s`` of audio after them, and a decode is scheduled for the moment that wait ends
-    (``guard_decode``) rather than the next step after it (up to ``step_s`` later).
-    An utterance that follows within ``carry_gap_s`` starts its window on the last ``carry_s``
-    of the previous one's final words (their audio before the pre-roll, the pause cut out; their
-    text forced as the prefix): the context offline decoding has. Without it tiny.en garbled
-    utterance starts, and that context is what lets ``step_s``, ``min_commit_s`` and
-    ``guard_prob`` be as low as they are. Forced through the carried words, tiny.en tends to end
-    the text for the first decodes of the new speech, so once ``expect_after_s`` of it is heard
-    the decode may not end before a new word: the first word agrees a step sooner. The figures
-    behind these defaults are in docs/asr-measurements.md.
+    ``step_s``: re-decode after this much new speech (the overload order raises it). Words the model is
+    unsure of wait for ``guard_s`` of audio after them, with a decode scheduled for the moment that wait
+    ends (``guard_decode``) rather than the next step. An utterance that follows a short pause opens its
+    window on the last ``carry_s`` of the previous one's final words (their audio, the pause cut out; their
+    text forced as the prefix): the context offline decoding has, without which tiny.en garbled utterance
+    starts. Past ``max_window_s`` the window is re-based at a final word boundary. ``int8``: int8 copies
+    of the encoder and decoder blocks (models.int8); ``refine``: forced-alignment word times.
     """
 
-    step_s: float = 0.15  # re-decode after this much new speech audio
-    min_silence_s: float = 0.25  # VAD silence that ends an utterance
-    vad_threshold: float = 0.5
-    pre_roll_s: float = 0.25  # audio kept before the VAD start
-    tail_s: float = 0.15  # audio kept after the VAD end when finalising
-    lookahead_s: float = 0.1  # refinement may look this far past a word's estimated end (bounded)
-    refine_context: int = 2  # final words of the utterance that lead the refinement's reference
-    refine_follow: int = 1  # interim words after the finals that close the forced alignment's text
-    agreement: int = 2  # LocalAgreement-n
-    min_commit_s: float = 0.3  # no finals before the utterance has this much audio (junk guard)
-    right_context_s: float = 0.05  # a word becomes final only with this much audio after it
-    guard_prob: float = 0.5  # an agreed word below this probability ...
-    guard_s: float = 0.5  # ... becomes final only with this much audio after it
-    guard_decode: bool = True  # decode when a held word's guard ends, not on the next step after it
-    hold_repeats: bool = True  # a word repeating the one before it waits for its guard as an unsure one
-    expect_after_s: float | None = 0.15  # a carried window with this much new speech must go on (None: off)
-    end_min_prob: float = 0.2  # at an endpoint, trailing words below this are the model hearing silence
-    max_window_s: float = MAX_WINDOW_S  # past this, re-base the window at a final word boundary
-    context_s: float = 0.0  # audio of final words kept in a re-based window (acoustic context)
-    carry_s: float = 2.0  # the next utterance's window starts with this much of the last one's words ...
-    carry_gap_s: float = 2.0  # ... when the pause between them is at most this long
-    max_gap_s: float = 1.0  # a pts gap up to this is filled with silence; longer restarts the stream
-    int8: bool = True  # int8 copies of the encoder and decoder blocks (WhisperEngine; models.int8)
+    step_s: float = 0.15
+    guard_s: float = 0.5
+    guard_decode: bool = True
+    carry_s: float = 2.0
+    max_window_s: float = MAX_WINDOW_S
+    int8: bool = True
     refine: bool = True
 
     def __post_init__(self) -> None:
-        if (self.step_s <= 0 or self.agreement < 1 or self.max_window_s < 2 or self.context_s < 0
-                or self.refine_context < 0 or self.refine_follow < 0):
+        if self.step_s <= 0 or self.max_window_s < 2 or self.guard_s < 0 or self.carry_s < 0:
             raise ValueError(f"invalid streaming config {self}")
 
 
@@ -155,8 +156,8 @@ class StreamingASR:
         self.config = config or StreamingConfig()
         self.engine = get_engine(engine, model, int8=self.config.int8)
         cfg = self.config
-        self._vad = StreamingVAD(VADConfig(threshold=cfg.vad_threshold, min_silence_s=cfg.min_silence_s))
-        self._buf = _AudioBuffer(max(cfg.max_window_s, MAX_WINDOW_S) + cfg.pre_roll_s + cfg.min_silence_s + 3.0)
+        self._vad = StreamingVAD(VADConfig(threshold=VAD_THRESHOLD, min_silence_s=MIN_SILENCE_S))
+        self._buf = _AudioBuffer(max(cfg.max_window_s, MAX_WINDOW_S) + PRE_ROLL_S + MIN_SILENCE_S + 3.0)
         self._started = False
         self._pos = 0.0  # pts of the next expected sample
         self._utt = -1
@@ -168,7 +169,7 @@ class StreamingASR:
         self.unsupported = 0  # words the audio did not back: held as interims, or dropped at an endpoint
         self._prompt = ""  # finals of this utterance before the current window
         self._hyp: list[DecodedWord] = []  # last hypothesis after the committed words
-        self._hyp_history: deque[list[str]] = deque(maxlen=max(self.config.agreement - 1, 1))
+        self._hyp_history: deque[list[str]] = deque(maxlen=max(AGREEMENT - 1, 1))
         self._decoded_until = 0.0
         self._guard_end = float("inf")  # pts where the held word's guard ends: decode then
         self._utt_start = 0.0
@@ -194,7 +195,7 @@ class StreamingASR:
             self._vad.reset(chunk.pts)
             self._buf.reset(chunk.pts)
         gap = chunk.pts - self._pos
-        if gap > self.config.max_gap_s:
+        if gap > MAX_GAP_S:
             events += self._end_stream()
             self._pos = chunk.pts
             self._vad.reset(chunk.pts)
@@ -211,14 +212,14 @@ class StreamingASR:
             if self._heard - self._decoded_until >= self.config.step_s - 1e-9 or self._heard >= self._guard_end:
                 events += self._decode_step()
         else:
-            self._buf.trim_before(self._buf.end - self.config.pre_roll_s)
+            self._buf.trim_before(self._buf.end - PRE_ROLL_S)
         return events
 
     def quiet_until(self) -> float:
         """The pts before which more audio can neither emit an event nor start a decode.
 
         Events come only from the VAD (an utterance's start emits none; its end needs
-        ``min_silence_s`` of silence) and from decodes (``step_s`` of heard speech after the last
+        ``MIN_SILENCE_S`` of silence) and from decodes (``step_s`` of heard speech after the last
         one, or a held word's guard end), and audio is heard no sooner than it is fed. A worker may
         therefore hold chunks that end before this and feed them later, one at a time, with the
         same results: it wakes for a stream about once a decode rather than once a 20 ms chunk.
@@ -259,7 +260,6 @@ class StreamingASR:
     # -- utterances ------------------------------------------------------------------------------
 
     def _on_vad(self, ev: VADEvent) -> list[ASREvent]:
-        cfg = self.config
         if ev.kind == "start":
             if self._in_utt:
                 return []
@@ -267,12 +267,12 @@ class StreamingASR:
             self._utt += 1
             self._committed, self._hyp, self._prompt = [], [], ""
             self._lead_audio = np.zeros(0, np.float32)
-            if self._carry is not None and ev.pts - self._speech_end <= cfg.carry_gap_s:
+            if self._carry is not None and ev.pts - self._speech_end <= CARRY_GAP_S:
                 # Acoustic and textual context: the last words heard (forced as the prefix), then
                 # the pre-roll; the rest of the pause is left out (it costs encoder time only).
                 self._lead_audio, self._committed = self._carry
             self._carry = None
-            self._win_start = max(ev.pts - cfg.pre_roll_s, self._buf.start) - self._lead
+            self._win_start = max(ev.pts - PRE_ROLL_S, self._buf.start) - self._lead
             self._hyp_history.clear()
             self._n_final = 0
             self._refined = []
@@ -284,7 +284,7 @@ class StreamingASR:
         if not self._in_utt:
             return []
         end = ev.pts
-        audio_end = min(end + cfg.tail_s, self._buf.end)
+        audio_end = min(end + TAIL_S, self._buf.end)
         events = self._finalise(audio_end, end)
         self._in_utt = False
         events.append(UtteranceEnd(end, self._utt, " ".join(self._utt_text)))
@@ -308,7 +308,7 @@ class StreamingASR:
         draft = [w.raw for w in self._hyp]
         # An utterance opening on carried words: tiny.en, forced through them, tends to end the text
         # there although new speech follows; it may not, once that speech is long enough for a word.
-        after = self.config.expect_after_s
+        after = EXPECT_AFTER_S
         expect = (after is not None and self._lead > 0 and audio_end - self._utt_start >= after
                   and not self._live_finals)
         words = self.engine.transcribe(audio, prefix=prefix, prompt=self._prompt, draft=draft,
@@ -355,14 +355,14 @@ class StreamingASR:
             while n < min(len(old), len(keys)) and old[n] == keys[n]:
                 n += 1
             n_agree = min(n_agree, n)
-        if len(self._hyp_history) < max(cfg.agreement - 1, 1) and cfg.agreement > 1:
+        if len(self._hyp_history) < max(AGREEMENT - 1, 1) and AGREEMENT > 1:
             n_agree = 0
-        if cfg.agreement <= 1:
+        if AGREEMENT <= 1:
             n_agree = len(new)
         heard = self._heard - self._win_start
-        if self._heard - self._utt_start < cfg.min_commit_s:
+        if self._heard - self._utt_start < MIN_COMMIT_S:
             n_agree = 0
-        while n_agree and new[n_agree - 1].end > heard - cfg.right_context_s:
+        while n_agree and new[n_agree - 1].end > heard - RIGHT_CONTEXT_S:
             n_agree -= 1
         self._guard_end = float("inf")
         # A word that repeats the one before it is held as an unsure one: tiny.en, given a window that
@@ -371,7 +371,7 @@ class StreamingASR:
         # repetition ("bye bye") has the audio for both and is final once its guard ends.
         before = [self._committed[-1].key if self._committed else None, *keys]
         for i in range(n_agree):  # an unsure word needs more audio after it (misheard words are)
-            unsure = new[i].probability < cfg.guard_prob or (cfg.hold_repeats and new[i].key == before[i])
+            unsure = new[i].probability < GUARD_PROB or (HOLD_REPEATS and new[i].key == before[i])
             if unsure and new[i].end > heard - cfg.guard_s:
                 n_agree = i
                 if cfg.guard_decode:  # (at least 50 ms on: a drifting word end cannot make every chunk decode)
@@ -379,7 +379,7 @@ class StreamingASR:
                 break
         # Mid-utterance, a full stop seen on a partial window is not the end of a sentence.
         finals = [replace(w, raw=w.raw.rstrip(".?!") or w.raw) for w in new[:n_agree]]
-        events, n_final = self._emit_finals(finals, new[n_agree : n_agree + cfg.refine_follow])
+        events, n_final = self._emit_finals(finals, new[n_agree : n_agree + REFINE_FOLLOW])
         # Agreed words the audio does not back (yet) stay interim, and so do the words after them.
         self._hyp = new[n_final:]
         self._hyp_history.append([w.key for w in self._hyp])
@@ -394,7 +394,7 @@ class StreamingASR:
         audio is new); the others are dropped.
 
         The model talking over silence is dropped: words that start after the VAD end of speech,
-        trailing words below ``end_min_prob``, and trailing words that repeat the ones before them.
+        trailing words below ``END_MIN_PROB``, and trailing words that repeat the ones before them.
         """
         if audio_end - self._decoded_until > 0.05 or not self._hyp:
             # tiny.en now and then ends the text at once for one particular context length (the
@@ -402,7 +402,7 @@ class StreamingASR:
             pending = self._decode(audio_end) or self._decode(audio_end, extra_silence_s=0.3) or self._hyp
         else:
             pending = self._hyp
-        pending = _heard_words(self._live_finals, pending, speech_end - self._win_start, self.config.end_min_prob)
+        pending = _heard_words(self._live_finals, pending, speech_end - self._win_start, END_MIN_PROB)
         self._hyp = []
         self._hyp_history.clear()
         return self._emit_finals(pending, [], at_end=True, speech_end=speech_end)[0]
@@ -431,7 +431,7 @@ class StreamingASR:
             n_settled, keep = len(words), list(range(len(words)))
         toks = [replace(toks[i], index=self._n_final + k) for k, i in enumerate(keep)]
         if self.config.refine:
-            self._refined = (self._refined + toks)[-max(self.config.refine_context, 1) :]
+            self._refined = (self._refined + toks)[-max(REFINE_CONTEXT, 1) :]
         kept = [words[i] for i in keep]
         self._committed.extend(kept)
         self._n_final += len(kept)
@@ -450,13 +450,13 @@ class StreamingASR:
         word over). Where that finds no path, the words are aligned alone once more: a wrong
         interim word after them must not cost them their evidence.
         """
-        cfg, base = self.config, self._win_start
-        context = [t for t in self._refined[-cfg.refine_context :]
-                   if t.start >= self._buf.start] if cfg.refine_context else []
+        base = self._win_start
+        context = [t for t in self._refined[-REFINE_CONTEXT:]
+                   if t.start >= self._buf.start] if REFINE_CONTEXT else []
         follow = [WordToken(w.text, base + w.start, base + w.end, False, w.probability, self._utt, 0)
                   for w in following]
         audio = self._buf.slice(self._buf.start, self._buf.end)
-        got = align_words(audio, self._buf.start, context + toks + follow, lookahead_s=cfg.lookahead_s,
+        got = align_words(audio, self._buf.start, context + toks + follow, lookahead_s=LOOKAHEAD_S,
                           context=len(context), follow=len(follow))
         refined, placed = list(got.words[len(context) :]), list(got.placed[len(context) :])
         # No path for them all: the words alone, then ever shorter runs of their first words (a
@@ -466,7 +466,7 @@ class StreamingASR:
                 break
             if k == len(toks) and not (context or follow):
                 continue  # that alignment was the one above
-            alone = align_words(audio, self._buf.start, toks[:k], lookahead_s=cfg.lookahead_s)
+            alone = align_words(audio, self._buf.start, toks[:k], lookahead_s=LOOKAHEAD_S)
             if sum(alone.placed) > sum(placed):
                 refined = list(alone.words) + refined[k:]
                 placed = list(alone.placed) + [False] * (len(toks) - k)
@@ -479,13 +479,13 @@ class StreamingASR:
     def _rebase(self) -> None:
         """Window too long: move its start to a final word boundary so a step costs O(1).
 
-        Finals ending in the last ``context_s`` stay in the window (acoustic context, forced as
+        Finals ending in the last ``CONTEXT_S`` stay in the window (acoustic context, forced as
         the prefix); earlier ones move into the text prompt and their audio is dropped.
         """
         words = self._committed
         if not words:
             return
-        keep_from = words[-1].end - self.config.context_s
+        keep_from = words[-1].end - CONTEXT_S
         k = next((i for i, w in enumerate(words) if w.start >= keep_from), len(words))
         if k == 0:
             return  # every final is recent: nothing to move out yet
