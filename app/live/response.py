@@ -202,7 +202,9 @@ class Responses:
         before pacing, so the pace starts when the words may be shown. Each ``response`` event
         carries what its word measured (``ttft_ms`` and ``turn_ms`` on the first, ``itl_ms`` on the
         rest), so a client can keep the raw samples (``synchrony certify``). Where answers are
-        spoken, the words are read eagerly and teed to the synthesizer as they arrive.
+        spoken, the words are read eagerly and teed to the synthesizer as they arrive. The live
+        ``max_tokens`` is enforced here only, by the pacer (``TokenPacer.pace``; ``set_load`` keeps its
+        policy current); the responder gets the starting policy's as its request's limit.
         """
         policy = self.policy or _level0_policy()
         speech_end = self.clock.wall_of(speech_end_pts)
