@@ -251,10 +251,11 @@ def test_asr_step_of_every_stream_follows_the_degradation():
     first = worker.open("a")
     worker.set_step_s(0.3)
     second = worker.open("b")
-    assert first.asr.config.step_s == second.asr.config.step_s == 0.3
+    assert first.config.step_s == second.config.step_s == 0.3
     worker.set_step_s(None)
-    assert first.asr.config.step_s == worker.open("c").asr.config.step_s == 0.15
-    assert first.asr.config.guard_s == worker.config.guard_s  # only the step changed
+    assert first.config.step_s == worker.open("c").config.step_s == 0.15
+    assert first.config.guard_s == worker.config.guard_s  # only the step changed
+    assert not hasattr(first, "asr")  # the stream holds its config; the recogniser is the lane's
 
 
 class _NullEngine:
@@ -358,7 +359,7 @@ def test_a_server_that_sheds_always_gives_its_asr_the_longer_step_and_admits_by_
     admission = Admission(ServerConfig.in_process(ui=False, stages=(), admission="measured", shed_steps=3,
                                                   degrade=True), ServerMetrics())
     admission.measure(0, worker)  # the first measurement, before any session
-    assert worker.open("a").asr.config.step_s == 0.3
+    assert worker.open("a").config.step_s == 0.3
     assert admission.limit(1) == admission.current.sessions  # shedding by choice does not close the door
     assert admission.readiness()["degradation"] == {"level": 3, "steps": ["au_rate", "video_quality", "asr_step"],
                                                      "order": ["au_rate", "video_quality", "asr_step"],

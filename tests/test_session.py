@@ -122,3 +122,66 @@ def test_response_and_lst_events_are_the_wire_objects():
     assert "itl_ms" not in ResponseEvent(1, 1, "x", 1.0).to_wire()
     assert _keys_and_values(LSTEvent({"lst_version": 2, "tier": "gold"})) == [
         ("type", "lst"), ("lst_version", 2), ("tier", "gold")]
+
+
+def test_session_holds_no_token_callback():
+    """A word flows one way: the words stage places, shows and emits it and hands it on; the session
+    only builds the stages, each with the next ones it feeds (nothing wired afterwards)."""
+    import ast
+    import inspect
+
+    from app.live import session
+    from app.live.au import FaceAnalysis
+
+    tree = ast.parse(inspect.getsource(session))
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    called = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert not {"_on_token", "_on_utterance_end", "_set_policy"} & defined
+    assert not {"place", "show", "heard", "utterance_end", "check", "set_load"} & called
+    assert "TokenEvent" not in inspect.getsource(session)
+    assigned = {t.attr for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets  # on another object
+                if isinstance(t, ast.Attribute) and not (isinstance(t.value, ast.Name) and t.value.id == "self")}
+    assert not {a for a in assigned if a.startswith("on_")}
+    assert not [a for a in inspect.signature(FaceAnalysis).parameters if a.startswith("on_")]
+    assert not hasattr(session.Session, "_latest_load")
+
+
+def test_transcript_places_shows_and_emits_its_tokens():
+    import asyncio
+
+    from alignment.clock import SessionClock
+    from app.live import tracing
+    from app.live.answer_lst import ConversationTrace
+    from app.live.observe import MetricsObserver
+    from app.live.server_metrics import ServerMetrics
+    from app.live.words import ShownWords, Transcript
+    from models.asr import UtteranceEnd
+
+    class Host:
+        id, degraded = "t", {}
+
+        def __init__(self) -> None:
+            self.events: list[object] = []
+
+        def emit(self, event: object) -> bool:
+            self.events.append(event)
+            return True
+
+    class Stream:
+        def push(self, chunk: object) -> None: ...
+        def close(self) -> None: ...
+
+        async def events(self):  # noqa: ANN202
+            yield WordToken("hello", 1.0, 1.3, final=True, utterance=0, index=0)
+            yield UtteranceEnd(1.6, 0, "hello")
+
+    class Output:
+        next_index = 0
+
+    host, shown = Host(), ShownWords()
+    words = Transcript(host, Stream(), shown, Output(), SessionClock(), MetricsObserver(ServerMetrics()),  # type: ignore[arg-type]
+                       ConversationTrace(tracing.NO_SPAN))
+    asyncio.run(words.run())
+    [event] = host.events
+    assert event.type == "token" and event.placed.frames == (16,)  # type: ignore[attr-defined]
+    assert shown.new_words(16)[0].text == "hello" and shown.held() == (1, 0)

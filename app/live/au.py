@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import av
 
 from alignment.clock import SessionClock
-from alignment.types import AUSample, LoadEstimate, TokenRatePolicy, VideoFrame
+from alignment.types import AUSample, LoadEstimate, VideoFrame
 from app.live.convert import rgb
 from app.live.cpu_account import name_native_thread
 from app.live.degrade import Degradation
@@ -69,9 +69,15 @@ class FaceAnalysis:
     """One session's AU worker thread and the AU / load history it produced."""
 
     def __init__(self, host: StageHost, config: SessionConfig, stages: Stages, clock: SessionClock,
-                 observer: SessionObserver, degradation: Degradation | None) -> None:
+                 observer: SessionObserver, degradation: Degradation | None, *,
+                 visual: Callable[[float, float | None], None] | None = None,
+                 load_changed: Callable[[LoadEstimate], None] | None = None) -> None:
+        """``visual``: called on the loop with each result's pts and mouth openness (the A/V offset
+        evidence, ``app.live.level3.OffsetFeed.visual``); ``load_changed``: with each new load estimate
+        (``app.live.response.Responses.set_load``: the answers follow its policy)."""
         self.host, self.config, self.clock = host, config, clock
         self.observer, self.degradation = observer, degradation
+        self._visual, self._load_changed = visual, load_changed
         self._stages = stages
         self.au: deque[AUSample] = deque(maxlen=128)
         self.load: deque[LoadEstimate] = deque(maxlen=128)
@@ -79,10 +85,6 @@ class FaceAnalysis:
         self._slot_cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: called on the loop with each result's pts and mouth openness (the A/V offset evidence)
-        self.on_visual: Callable[[float, float | None], None] | None = None
-        #: called on the loop with each new load policy (the answer being paced follows it)
-        self.on_policy: Callable[[TokenRatePolicy], None] | None = None
 
     # --- the loop side ------------------------------------------------------------------------
 
@@ -132,9 +134,6 @@ class FaceAnalysis:
     def load_at(self, t: float) -> LoadEstimate | None:
         return next((e for e in reversed(self.load) if e.pts <= t), None)
 
-    def latest_policy(self) -> TokenRatePolicy | None:
-        return self.load[-1].policy if self.load else None
-
     def _deliver(self, result: FaceResult) -> None:
         sample = result.sample
         self.au.append(sample)
@@ -142,13 +141,13 @@ class FaceAnalysis:
         if wall is not None:
             self.observer.faces_analysed(time.monotonic() - wall, result.compute_s)
         self.host.emit(AUEvent(sample))
-        if self.on_visual is not None:
-            self.on_visual(sample.pts, result.mouth)
+        if self._visual is not None:
+            self._visual(sample.pts, result.mouth)
         estimate = result.estimate
         if estimate is not None:
             self.load.append(estimate)
-            if self.on_policy is not None:
-                self.on_policy(estimate.policy)
+            if self._load_changed is not None:
+                self._load_changed(estimate)
             self.host.emit(LoadEvent(estimate))
 
     # --- the worker thread --------------------------------------------------------------------

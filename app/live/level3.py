@@ -2,7 +2,7 @@
 
 :class:`OffsetFeed` gives the A/V offset estimator its evidence (every frame's marker flash, the mouth
 of the frames the AU stage analysed, the audio); :class:`SyncStage` checks each final word with it
-(``alignment.sync``) and emits its ``sync`` event.
+(``alignment.sync``), emits its ``sync`` event and marks a failure on the session's trace.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 from alignment.evidence import OffsetEstimate, VisualObservation
 from alignment.frames import TokenFrames, frame_pts
 from alignment.types import AudioChunk
+from app.live.answer_lst import ConversationTrace
 from app.live.events import SyncEvent
 from app.live.observe import SessionObserver
 from app.live.stages import OffsetEstimator, Stage, StageHost, Validator, attempt
@@ -101,13 +102,21 @@ class OffsetFeed:
 class SyncStage:
     """Level-3 per final word: audio, video and text times within 50 ms, against the evidence."""
 
-    def __init__(self, host: StageHost, validator: Validator, feed: OffsetFeed, observer: SessionObserver) -> None:
-        self.host, self.validator, self.feed, self.observer = host, validator, feed, observer
+    def __init__(self, host: StageHost, validator: Validator, feed: OffsetFeed, observer: SessionObserver,
+                 trace: ConversationTrace) -> None:
+        self.host, self.validator, self.feed, self.observer, self.trace = host, validator, feed, observer, trace
         self.total = 0
         self.passed = 0
         self.last_ok: bool | None = None
 
     def check(self, placed: TokenFrames) -> None:
+        """Check a final word; while the latest verdict is a failure, the word is marked on the trace."""
+        self._check(placed)
+        if self.last_ok is False:
+            self.trace.event("level3_failure", {"synchrony.word": placed.token.text,
+                                                "synchrony.pts": placed.token.start})
+
+    def _check(self, placed: TokenFrames) -> None:
         if Stage.SYNC in self.host.degraded:
             return
         estimate, onset = self.feed.evidence(placed.token.start)

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from fractions import Fraction
 
 import av
@@ -30,9 +31,9 @@ from app.live.degrade import Degradation
 from app.live.level3 import SyncStage
 from app.live.observe import Drop, SessionObserver
 from app.live.reliability import lower_thread_priority
-from app.live.stages import SessionConfig, Stage, StageHost, Stages
-from app.live.words import Transcript
-from models.video import RenderRequest
+from app.live.stages import Stage, StageHost
+from app.live.words import ShownWords
+from models.video import FrameRenderer, RenderRequest
 
 try:
     import cv2 as _cv2  # ships with mediapipe
@@ -100,32 +101,41 @@ class CameraFrames:
         self._frames.clear()
 
 
+@dataclass(frozen=True)
+class FrameSources:
+    """What a returned frame shows, each read from the stage that makes it."""
+
+    camera: CameraFrames
+    words: ShownWords  # the captions and the words new on each frame (``app.live.words``)
+    faces: FaceAnalysis  # AU bars and load
+    sync: SyncStage | None = None  # the last Level-3 verdict (None: no validator)
+
+
 class FrameComposer:
     """What each returned frame shows, and the renderer that draws it (the camera if it fails)."""
 
-    def __init__(self, host: StageHost, config: SessionConfig, stages: Stages, camera: CameraFrames,
-                 words: Transcript, faces: FaceAnalysis, sync: Callable[[], SyncStage | None],
-                 degradation: Degradation | None) -> None:
-        self.host, self.config, self.stages = host, config, stages
-        self.camera, self.words, self.faces, self._sync = camera, words, faces, sync
+    def __init__(self, host: StageHost, sources: FrameSources, renderer: FrameRenderer | None,
+                 size: tuple[int, int], degradation: Degradation | None = None) -> None:
+        """``size``: the returned video's (halved at the degradation's video step)."""
+        self.host, self.sources, self.renderer, self.size = host, sources, renderer, size
         self.degradation = degradation
         self._fallback: np.ndarray | None = None
 
     def output_size(self) -> tuple[int, int]:
         """The returned video's size now: the configured one, halved at the degradation's video step."""
-        w, h = self.config.output_size
+        w, h = self.size
         scale = self.degradation.effects.output_scale if self.degradation is not None else 1.0
         return (w, h) if scale >= 1.0 else (max(2 * round(w * scale / 2), 16), max(2 * round(h * scale / 2), 16))
 
     def request(self, k: int) -> Callable[[], RenderRequest]:
         """Collect what frame ``k`` shows (on the loop, cheap); the returned call builds the request
         (camera conversion included) and is run in the render thread."""
-        t = frame_pts(k)
-        best = self.camera.at(t)
-        new_words = self.words.new_words(k)
-        caption = caption_at(self.words.placed(), k)
-        au, load = self.faces.au_at(t), self.faces.load_at(t)
-        sync = self._sync()
+        t, src = frame_pts(k), self.sources
+        best = src.camera.at(t)
+        new_words = src.words.new_words(k)
+        caption = caption_at(src.words.placed(), k)
+        au, load = src.faces.au_at(t), src.faces.load_at(t)
+        sync = src.sync
         sync_ok, size = (sync.last_ok if sync is not None else None), self.output_size()
 
         def build() -> RenderRequest:
@@ -141,7 +151,7 @@ class FrameComposer:
         return to_yuv420p(self._draw(build()))
 
     def _draw(self, request: RenderRequest) -> np.ndarray:
-        renderer = self.stages.renderer
+        renderer = self.renderer
         if renderer is not None and Stage.RENDER not in self.host.degraded:
             try:
                 return renderer.render(request)
@@ -155,7 +165,7 @@ class FrameComposer:
         return self._fallback
 
     def prune(self, k: int) -> None:
-        self.words.prune(k)
+        self.sources.words.prune(k)
 
 
 class OutputTrack(MediaStreamTrack):

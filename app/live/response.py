@@ -45,15 +45,14 @@ class Responses:
 
     def __init__(self, host: StageHost, responder: Responder, turns: TurnDetector | None, clock: SessionClock,
                  make_pacer: Callable[[TokenRatePolicy], Pacer] | None, lst: LSTMeter | None,
-                 observer: SessionObserver, policy: Callable[[], TokenRatePolicy | None],
-                 player: AnswerPlayer | None = None, load: Callable[[], LoadEstimate | None] | None = None,
-                 history_turns: int = 8, trace: ConversationTrace | None = None) -> None:
-        """``policy``: the current load's policy (None before the controller has spoken); ``load``: the
-        latest load estimate; ``player``: speaks the answers (None: text only); ``trace``: the session's
-        conversation trace (``app.live.answer_lst``)."""
+                 observer: SessionObserver, player: AnswerPlayer | None = None, history_turns: int = 8,
+                 trace: ConversationTrace | None = None) -> None:
+        """``player``: speaks the answers (None: text only); ``trace``: the session's conversation trace
+        (``app.live.answer_lst``). The load reaches it by one route, :meth:`set_load`."""
         self.host, self.responder, self.turns, self.clock = host, responder, turns, clock
-        self.make_pacer, self.lst, self.observer, self._policy = make_pacer, lst, observer, policy
-        self.player, self._load, self.trace = player, load or (lambda: None), trace
+        self.make_pacer, self.lst, self.observer = make_pacer, lst, observer
+        self.player, self.trace = player, trace
+        self._load: LoadEstimate | None = None  # the controller's latest estimate (None: it has not spoken)
         self.history: deque[tuple[str, str]] = deque(maxlen=max(history_turns, 0))  # (user, delivered answer)
         self._cut: AnswerEnd | None = None  # why the answer now being cancelled ends
         self._interval: float | None = None  # the pace's interval at the last answer's end (it glides on)
@@ -66,11 +65,18 @@ class Responses:
         self._prefetch: tuple[asyncio.Task[None], asyncio.Event, float, str] | None = None  # task, gate, pts, text
         self._pause_pts: float | None = None  # speech end of the pause now running (turn not over yet)
 
-    def set_policy(self, policy: TokenRatePolicy) -> None:
-        """A new load policy: the answer being shown follows it."""
+    def set_load(self, estimate: LoadEstimate) -> None:
+        """The controller's new estimate (``app.live.au`` calls it): the answer being shown follows its
+        policy from the next word, the next answer starts at it, and the responder sees the load."""
+        self._load = estimate
         pacer = self._pacer
         if pacer is not None:
-            attempt(self.host, Stage.RESPONSE, lambda: pacer.set_policy(policy))
+            attempt(self.host, Stage.RESPONSE, lambda: pacer.set_policy(estimate.policy))
+
+    @property
+    def policy(self) -> TokenRatePolicy | None:
+        """The current load's policy (None before the controller has spoken)."""
+        return self._load.policy if self._load is not None else None
 
     # --- turns ------------------------------------------------------------------------------------
 
@@ -196,9 +202,11 @@ class Responses:
         before pacing, so the pace starts when the words may be shown. Each ``response`` event
         carries what its word measured (``ttft_ms`` and ``turn_ms`` on the first, ``itl_ms`` on the
         rest), so a client can keep the raw samples (``synchrony certify``). Where answers are
-        spoken, the words are read eagerly and teed to the synthesizer as they arrive.
+        spoken, the words are read eagerly and teed to the synthesizer as they arrive. The live
+        ``max_tokens`` is enforced here only, by the pacer (``TokenPacer.pace``; ``set_load`` keeps its
+        policy current); the responder gets the starting policy's as its request's limit.
         """
-        policy = self._policy() or _level0_policy()
+        policy = self.policy or _level0_policy()
         speech_end = self.clock.wall_of(speech_end_pts)
         pacer = (self.make_pacer or TokenPacer)(policy)
         pacer.continue_from(self._interval)  # a new rate glides from the last answer's (alignment.pacing)
@@ -212,7 +220,7 @@ class Responses:
 
         async def released() -> AsyncIterator[str]:
             nonlocal reason, voice
-            context = Conversation(tuple(self.history), self._load())
+            context = Conversation(tuple(self.history), self._load)
             async for word in metered.words(text, context=context):
                 if gate is not None and not gate.is_set():
                     await gate.wait()
@@ -220,7 +228,7 @@ class Responses:
                 self._pacer = pacer  # the answer now being shown follows load changes
                 if player is not None:
                     if voice is None:
-                        voice = player.begin(utterance, speech_end_pts, lambda: self._policy() or policy)
+                        voice = player.begin(utterance, speech_end_pts, lambda: self.policy or policy)
                     voice.feed(" " + word if heard else word)
                 heard.append(word)
                 yield word

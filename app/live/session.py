@@ -38,23 +38,23 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCRtpRe
 from alignment.clock import SessionClock, TrackClock
 from alignment.frames import FPS
 from alignment.lst import LSTMeter
-from alignment.types import AudioChunk, LoadEstimate, TokenRatePolicy, WordToken
+from alignment.types import AudioChunk
 from app.live import tracing
 from app.live.answer import AnswerPlayer
 from app.live.answer_lst import ConversationTrace
 from app.live.au import FaceAnalysis
 from app.live.degrade import Degradation
-from app.live.events import ErrorEvent, HelloEvent, TokenEvent
+from app.live.events import ErrorEvent, HelloEvent
 from app.live.ingest import MAX_VIDEO_PIXELS, open_track, read_audio, read_video
 from app.live.level3 import OffsetFeed, SyncStage
 from app.live.observe import Drop, MetricsObserver
-from app.live.output import CameraFrames, FrameComposer, OutputTrack
+from app.live.output import CameraFrames, FrameComposer, FrameSources, OutputTrack
 from app.live.response import Responses
 from app.live.server_metrics import ServerMetrics
 from app.live.stages import BargeInDetector, SessionConfig, Stage, Stages, WireEvent, attempt
 from app.live.turns import TurnDetector
 from app.live.webrtc import media_clock_reports, share_stream, share_transport
-from app.live.words import Transcript
+from app.live.words import ShownWords, Transcript
 
 log = logging.getLogger("synchrony.session")
 
@@ -95,21 +95,21 @@ class Session:
         self.counts: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._degradation = degradation
         self.camera = CameraFrames()
-        self.faces = FaceAnalysis(self, config, stages, self.clock, self.observer, degradation)
-        self.words = Transcript(self)
-        self.feed = OffsetFeed(self, None)
+        self.shown = ShownWords()
+        # The stages, built by ``attach`` once the offer says what the client sends and receives:
+        self.feed: OffsetFeed | None = None
+        self.faces: FaceAnalysis | None = None
         self.sync: SyncStage | None = None
         self.responses: Responses | None = None
         self._lst: LSTMeter | None = None
-        composer = FrameComposer(self, config, stages, self.camera, self.words, self.faces,
-                                 lambda: self.sync, degradation)
-        self.output = OutputTrack(self.clock, config.output_delay_s, composer, self.observer)
+        self.output: OutputTrack | None = None
+        self.words: Transcript | None = None  # once the microphone's track opened an ASR stream
         self.answers: AnswerPlayer | None = None
         self.bargein: BargeInDetector | None = None
         self._camera_track: MediaStreamTrack | None = None
-        self.faces.on_visual = self.feed.visual
-        self.faces.on_policy = self._set_policy
+        self._mic_track: MediaStreamTrack | None = None
 
     @property
     def degraded(self) -> Mapping[str, str]:
@@ -125,32 +125,45 @@ class Session:
         self.pc.on("connectionstatechange", self._on_connection_state)
 
     def attach(self) -> None:
-        """After the offer is applied: send the output video (and the answer's tracks where the
-        server speaks) and build the per-session stages."""
+        """After the offer is applied: build the stages, send the output video (and the answer's tracks
+        where the server speaks)."""
         video = [t for t in self.pc.getTransceivers() if t.kind == "video"]
+        if self.stages.voice is not None and self.config.answer is not None:
+            self._attach_answers(video[1] if len(video) > 1 else None, video[0] if video else None)
+        self.output = self._build_stages()
         if video:
             video[0].sender.replaceTrack(self.output)
             video[0].direction = "sendrecv"
             share_stream([video[0].sender])  # the captioned camera: a stream of its own
-        st = self.stages
-        if st.voice is not None and self.config.answer is not None:
-            self._attach_answers(video[1] if len(video) > 1 else None, video[0] if video else None)
+        if self._camera_track is not None and self.faces is not None:
+            self.faces.start()
+        self._open_words()
+        self.spawn(self._watchdog(), Stage.WATCHDOG)
+
+    def _build_stages(self) -> OutputTrack:
+        """Each stage with the next ones it feeds, the last first, so nothing is wired afterwards:
+        Level-3 and the answers, then the faces that feed them, then the returned video."""
+        st, config = self.stages, self.config
         validator = attempt(self, Stage.SYNC, st.make_validator) if st.make_validator is not None else None
-        if st.make_offset_estimator is not None:
-            self.feed.estimator = attempt(self, Stage.SYNC, st.make_offset_estimator)
+        estimator = attempt(self, Stage.SYNC, st.make_offset_estimator) if st.make_offset_estimator else None
+        self.feed = OffsetFeed(self, estimator)
         if st.lst is not None:
             lst = st.lst
             self._lst = attempt(self, Stage.LST, lambda: lst.meter(self.id))
         responder = attempt(self, Stage.RESPONSE, st.make_responder) if st.make_responder is not None else None
         if validator is not None:
-            self.sync = SyncStage(self, validator, self.feed, self.observer)
+            self.sync = SyncStage(self, validator, self.feed, self.observer, self.trace)
         if responder is not None:
-            turns = TurnDetector(self.config.turn) if self.config.turn is not None else None
-            history = self.config.answer.history_turns if self.config.answer is not None else 8
-            self.responses = Responses(self, responder, turns, self.clock, st.make_pacer, self._lst,
-                                       self.observer, self.faces.latest_policy, player=self.answers,
-                                       load=self._latest_load, history_turns=history, trace=self.trace)
-        self.spawn(self._watchdog(), Stage.WATCHDOG)
+            turns = TurnDetector(config.turn) if config.turn is not None else None
+            history = config.answer.history_turns if config.answer is not None else 8
+            self.responses = Responses(self, responder, turns, self.clock, st.make_pacer, self._lst, self.observer,
+                                       player=self.answers, history_turns=history, trace=self.trace)
+        self.faces = FaceAnalysis(self, config, st, self.clock, self.observer, self._degradation,
+                                  visual=self.feed.visual,
+                                  load_changed=self.responses.set_load if self.responses is not None else None)
+        sources = FrameSources(self.camera, self.shown, self.faces, self.sync)
+        composer = FrameComposer(self, sources, st.renderer, config.output_size, self._degradation)
+        return OutputTrack(self.clock, config.output_delay_s, composer, self.observer)
 
     def _attach_answers(self, avatar_transceiver: RTCRtpTransceiver | None,
                         camera_transceiver: RTCRtpTransceiver | None) -> None:
@@ -201,9 +214,6 @@ class Session:
                    (Stage.LST, s.lst is not None))
         return tuple(stage for stage, here in present if here)
 
-    def _latest_load(self) -> LoadEstimate | None:
-        return self.faces.load[-1] if self.faces.load else None
-
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "video" and self._camera_track is not None:
             log.info("session %s: a second incoming video track is not read", self.id)
@@ -214,8 +224,11 @@ class Session:
         tclock, receiver = open_track(self.pc, self.clock, track)
         if track.kind == "video":
             self.spawn(self._video_in(track, tclock, receiver), Stage.VIDEO_IN)
-            self.faces.start()
+            if self.faces is not None:  # else ``attach`` starts it
+                self.faces.start()
         elif track.kind == "audio":
+            self._mic_track = track
+            self._open_words()
             self.spawn(self._audio_in(track, tclock, receiver), Stage.AUDIO_IN)
 
     def _on_connection_state(self) -> None:
@@ -258,14 +271,20 @@ class Session:
         await self.close("video track ended")
 
     async def _audio_in(self, track: MediaStreamTrack, tclock: TrackClock, receiver: RTCRtpReceiver | None) -> None:
-        worker = self.stages.asr_worker
-        if worker is not None:
-            stream = attempt(self, Stage.ASR, lambda: worker.open(self.id))
-            if stream is not None:
-                self.words.stream = stream
-                self.spawn(self.words.run(stream, self._on_token, self._on_utterance_end), Stage.ASR_EVENTS)
         await read_audio(track, tclock, receiver, self)
         await self.close("audio track ended")
+
+    def _open_words(self) -> None:
+        """The words stage on the microphone's ASR stream, once there is a microphone and the stages
+        it feeds are built (``attach``)."""
+        worker = self.stages.asr_worker
+        if worker is None or self.words is not None or self._mic_track is None or self.output is None:
+            return
+        stream = attempt(self, Stage.ASR, lambda: worker.open(self.id))
+        if stream is not None:
+            self.words = Transcript(self, stream, self.shown, self.output, self.clock, self.observer, self.trace,
+                                    responses=self.responses, sync=self.sync)
+            self.spawn(self.words.run(), Stage.ASR_EVENTS)
 
     def media_arrived(self, wall: float) -> None:
         self.last_media_wall = wall
@@ -279,6 +298,8 @@ class Session:
 
     def camera_frame(self, t: float, frame: av.VideoFrame, arrival: float) -> None:
         self.camera.append(t, frame)
+        if self.feed is None or self.faces is None:  # media before ``attach``: nothing reads it yet
+            return
         self.feed.camera_frame(t, frame, self.faces.started and Stage.AU not in self._degraded)
         self.faces.offer(t, frame, arrival)
 
@@ -286,7 +307,7 @@ class Session:
         chunk = AudioChunk(pts, samples)  # frozen: one per 20 ms for every consumer
         if self.bargein is not None and self.answers is not None:
             chunk = self._through_bargein(chunk, self.bargein, self.answers)
-        if self.words.push(chunk):
+        if self.words is not None and self.words.push(chunk) and self.feed is not None:
             self.feed.audio(chunk)
         if self.responses is not None and self.responses.turns is not None:
             self.responses.audio(chunk)
@@ -309,31 +330,6 @@ class Session:
                 player.stop()
         return cleaned
 
-    # --- words and answers ------------------------------------------------------------------
-
-    def _on_token(self, tok: WordToken) -> None:
-        placed = self.words.place(tok, self.output.next_index)
-        if self.responses is not None:
-            self.responses.heard(tok)
-        self.words.show(placed)
-        wall_end = self.clock.wall_of(tok.end)
-        if wall_end is not None:
-            self.observer.token_placed(placed, time.monotonic() - wall_end)
-        self.emit(TokenEvent(placed))
-        if tok.final and self.sync is not None:
-            self.sync.check(placed)
-            if self.sync.last_ok is False:
-                self.trace.event("level3_failure", {"synchrony.word": tok.text, "synchrony.pts": tok.start})
-
-    def _on_utterance_end(self, pts: float, text: str, utterance: int) -> None:
-        self.trace.asr_final(self.clock.wall_of(pts), time.monotonic())
-        if self.responses is not None:
-            self.responses.utterance_end(pts, text, utterance)
-
-    def _set_policy(self, policy: TokenRatePolicy) -> None:
-        if self.responses is not None:
-            self.responses.set_policy(policy)
-
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def _watchdog(self) -> None:
@@ -347,7 +343,7 @@ class Session:
     def held(self) -> tuple[int, int, int]:
         """What the session holds in memory now (camera frames, placed tokens, frames with words):
         each is bounded, and the reliability checks watch that they stay so."""
-        return (len(self.camera), *self.words.held())
+        return (len(self.camera), *self.shown.held())
 
     def summary(self) -> dict[str, object]:
         lst = attempt(self, Stage.LST, self._lst.snapshot) if self._lst is not None else None
@@ -357,7 +353,7 @@ class Session:
             "age_s": round(time.monotonic() - self.created, 2),
             "clock": self.clock.modes(),
             "events": dict(self.counts),
-            "frames_sent": self.output.sent,
+            "frames_sent": self.output.sent if self.output is not None else 0,
             "answer": self.answers.summary() if self.answers is not None else None,
             "sync": {"checks": sync.total if sync else 0, "passed": sync.passed if sync else 0},
             "degraded": dict(self._degraded),
@@ -371,16 +367,14 @@ class Session:
         self._closing = True
         self.end_reason = reason
         log.info("session %s ended: %s", self.id, reason)
-        self.faces.stop()
-        self.output.stop()
+        if self.faces is not None:
+            self.faces.stop()
+        if self.output is not None:
+            self.output.stop()
         if self.answers is not None:
             self.answers.close()
-        stream, self.words.stream = self.words.stream, None
-        if stream is not None:
-            try:
-                stream.close()
-            except Exception as exc:  # noqa: BLE001
-                log.warning("session %s: closing the ASR stream: %s", self.id, exc)
+        if self.words is not None:
+            self.words.close()
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
@@ -389,12 +383,14 @@ class Session:
             await asyncio.wait_for(self.pc.close(), 5.0)
         except Exception as exc:  # noqa: BLE001
             log.warning("session %s: closing the peer connection: %s", self.id, exc)
-        await self.faces.join()
+        if self.faces is not None:
+            await self.faces.join()
+            self.faces.forget_frame()
         # Free the decoded frames and evidence now: reference cycles (peer-connection callbacks ↔
         # session) would hold them (~20 MB) until the next full garbage collection.
         self.camera.clear()
-        self.faces.forget_frame()
-        self.feed.estimator = None
+        if self.feed is not None:
+            self.feed.estimator = None
         if self.stages.lst is not None:
             with contextlib.suppress(Exception):
                 self.stages.lst.remove(self.id)
@@ -414,7 +410,7 @@ class Session:
         return [t for t in self._tasks if not t.done()]
 
     def threads_alive(self) -> bool:
-        return self.faces.alive()
+        return self.faces is not None and self.faces.alive()
 
     def spawn(self, coro: Coroutine[object, object, None], name: Stage) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)

@@ -52,13 +52,16 @@ class WorkerStats:
 
 
 class ASRStream:
-    """One session's handle on an :class:`ASRWorker` (create with ``worker.open(session_id)``)."""
+    """One session's handle on an :class:`ASRWorker` (create with ``worker.open(session_id)``): its audio
+    queue, its events and its recogniser's config; the recogniser is the lane's (see :class:`ASRWorker`)."""
 
-    def __init__(self, cond: threading.Condition, session_id: str, asr: StreamingASR, max_queue_s: float,
+    def __init__(self, cond: threading.Condition, session_id: str, config: StreamingConfig, max_queue_s: float,
                  max_events: int, loop: asyncio.AbstractEventLoop | None) -> None:
         self._cond = cond  # the worker's: it guards the queue and wakes a lane
         self.session_id = session_id
-        self.asr = asr
+        #: the recogniser's settings (``ASRWorker.set_step_s`` changes the step); the recogniser itself
+        #: lives where the stream is decoded: the worker's lane threads, or its lane process
+        self.config = config
         self.max_queue_s = max_queue_s
         self._max_queue_n = int(round(max_queue_s * SAMPLE_RATE))  # samples, so no float drift
         self._chunks: deque[AudioChunk] = deque()
@@ -259,7 +262,7 @@ class ASRWorker:
         started = list(started_lanes)  # children already running lane_main with these settings
         self.processes: list[ProcessLane] = [ProcessLane(whisper_path, self.config, i, started[i] if i < len(started)
                                                          else None) for i in range(lanes)] if processes else []
-        # With process lanes the streams here only hold their state's settings: no model is loaded.
+        # With process lanes no model is loaded here: each child holds its streams' recognisers.
         self.engine: Engine = InLaneProcesses() if processes else get_engine(engine, model, int8=self.config.int8)
         self.engines: list[Engine] = [] if processes else [self.engine] + [_engine_copy(self.engine)
                                                                            for _ in range(lanes - 1)]
@@ -268,6 +271,8 @@ class ASRWorker:
         self.max_streams = max_streams
         self.max_chunks_per_turn = max_chunks_per_turn
         self._streams: dict[str, ASRStream] = {}
+        # thread lanes' recognisers, one per open stream (a lane feeds a stream only while it holds it: busy)
+        self._recognisers: dict[str, StreamingASR] = {}
         self._order: deque[str] = deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -323,9 +328,10 @@ class ASRWorker:
                 raise ValueError(f"ASR session {session_id!r} is already open")
             if len(self._streams) >= self.max_streams:
                 raise RuntimeError(f"ASR worker is full ({self.max_streams} sessions)")
-            stream = ASRStream(self._cond, session_id, StreamingASR(self.engine, self._stream_config), self.max_queue_s,
-                               self.max_events, loop)
-            if self.processes:  # pinned: its recogniser state lives in that lane's process
+            stream = ASRStream(self._cond, session_id, self._stream_config, self.max_queue_s, self.max_events, loop)
+            if not self.processes:  # thread lanes: the recogniser lives here (a lane process holds its own)
+                self._recognisers[session_id] = StreamingASR(self.engine, stream.config)
+            else:  # pinned: its recogniser state lives in that lane's process
                 load = [0] * len(self.processes)
                 for s in self._streams.values():
                     if s.lane is not None:
@@ -341,7 +347,7 @@ class ASRWorker:
         with self._cond:
             self._stream_config = self.config if step_s is None else replace(self.config, step_s=step_s)
             for s in self._streams.values():
-                s.asr.config = replace(s.asr.config, step_s=self._stream_config.step_s)
+                s.config = replace(s.config, step_s=self._stream_config.step_s)
 
     def stats(self) -> WorkerStats:
         with self._cond:
@@ -398,6 +404,18 @@ class ASRWorker:
             return best, chunks, held, False
         return best, [], 0, True
 
+    def _feed_here(self, stream: ASRStream, engine: Engine, chunks: list[AudioChunk], held: int, closing: bool,
+                   ) -> tuple[list[ASREvent | None], int, float, float]:
+        """One turn of ``stream`` on this thread lane's ``engine`` (what :meth:`ProcessLane.run` does in a
+        child): (events, decodes, decode seconds, the recogniser's ``quiet_until`` after it)."""
+        asr = self._recognisers[stream.session_id]
+        asr.engine = engine
+        if asr.config.step_s != stream.config.step_s:
+            asr.config = replace(asr.config, step_s=stream.config.step_s)
+        before_n, before_s = asr.decode_count, asr.decode_s
+        events = feed_turn(asr, chunks, closing, held)
+        return events, asr.decode_count - before_n, asr.decode_s - before_s, asr.quiet_until()
+
     def _run(self, lane: int) -> None:
         process = self.processes[lane] if self.processes else None
         engine = self.engines[lane] if process is None else self.engine
@@ -418,13 +436,9 @@ class ASRWorker:
                 events: list[ASREvent | None]
                 if process is not None:
                     events, n, spent, quiet = process.run(stream.session_id, chunks, held, closing,
-                                                          stream.asr.config.step_s)
+                                                          stream.config.step_s)
                 else:
-                    stream.asr.engine = engine
-                    before_n, before_s = stream.asr.decode_count, stream.asr.decode_s
-                    events = feed_turn(stream.asr, chunks, closing, held)
-                    n, spent = stream.asr.decode_count - before_n, stream.asr.decode_s - before_s
-                    quiet = stream.asr.quiet_until()
+                    events, n, spent, quiet = self._feed_here(stream, engine, chunks, held, closing)
                 if n:
                     with self._cond:
                         self._decodes += n
@@ -437,6 +451,7 @@ class ASRWorker:
             if closing:  # unregister before the end-of-stream marker reaches the consumer
                 with self._cond:
                     stream.finished = True
+                    self._recognisers.pop(stream.session_id, None)
                     if self._streams.pop(stream.session_id, None) is not None:
                         c, n, e = self._closed_drops
                         self._closed_drops = (c + stream.dropped_chunks, n + stream.dropped_samples,
