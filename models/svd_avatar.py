@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +33,10 @@ from models.render import RendererUnavailable
 from models.svd import _check_gen_size, load_svd_pipeline
 from models.svd_conditioning import ClipConditioning, SVDSettings, build_window, condition_clip
 from models.visemes import REST
+
+if TYPE_CHECKING:
+    import torch
+    from diffusers import StableVideoDiffusionPipeline
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +51,22 @@ def _as_frames(references: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
     return refs
 
 
-def _to_pixels(frames: np.ndarray, torch: Any, device: Any) -> Any:
+def _to_pixels(frames: np.ndarray, device: torch.device) -> torch.Tensor:
     """uint8 (n, h, w, 3) → float (n, 3, h, w) in [-1, 1], as the pipeline's VideoProcessor does it."""
+    import torch
+
     x = torch.from_numpy(np.ascontiguousarray(frames)).to(device).permute(0, 3, 1, 2).float() / 255.0
     return x * 2.0 - 1.0
 
 
-def frame_latents(pipe: Any, references: np.ndarray, noise_aug_strength: float = 0.0,
-                  generator: Any = None, chunk: int = 8) -> Any:
+def frame_latents(pipe: StableVideoDiffusionPipeline, references: np.ndarray, noise_aug_strength: float = 0.0,
+                  generator: torch.Generator | None = None, chunk: int = 8) -> torch.Tensor:
     """VAE latents (n, 4, h/8, w/8) of each reference, after one shared noise-augmentation pattern."""
     import torch
     from diffusers.utils.torch_utils import randn_tensor
 
     device = pipe._execution_device
-    pixels = _to_pixels(references, torch, device)
+    pixels = _to_pixels(references, device)
     if noise_aug_strength > 0:
         noise = randn_tensor((1, *pixels.shape[1:]), generator=generator, device=device, dtype=pixels.dtype)
         pixels = pixels + noise_aug_strength * noise
@@ -77,7 +83,7 @@ def frame_latents(pipe: Any, references: np.ndarray, noise_aug_strength: float =
 
 
 def generate_conditioned_clip(
-    pipe: Any, references: np.ndarray | Sequence[np.ndarray], cond: ClipConditioning, *,
+    pipe: StableVideoDiffusionPipeline, references: np.ndarray | Sequence[np.ndarray], cond: ClipConditioning, *,
     identity: np.ndarray | None = None, decode_chunk_size: int | None = None,
 ) -> np.ndarray:
     """A clip whose frame i is conditioned on ``references[i]``: (n, h, w, 3) uint8 RGB at their size.
@@ -123,7 +129,8 @@ def generate_conditioned_clip(
     return (np.clip(np.nan_to_num(frames), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-def _initial_noise(pipe: Any, n: int, h: int, w: int, dtype: Any, device: Any, generator: Any) -> Any:
+def _initial_noise(pipe: StableVideoDiffusionPipeline, n: int, h: int, w: int, dtype: torch.dtype,
+                   device: torch.device, generator: torch.Generator) -> torch.Tensor:
     """The initial noise of an n-frame clip, shaped as the pipeline's ``prepare_latents`` shapes it."""
     from diffusers.utils.torch_utils import randn_tensor
 
@@ -160,8 +167,8 @@ class AvatarClip:
         return (len(self.frames) / FPS) / max(self.gen_s, 1e-9)
 
 
-def make_avatar_clip(pipe: Any, avatar: AvatarRenderer, plan: AnswerPlan, n: int, clip_frames: int,
-                     settings: SVDSettings, decode_chunk_size: int | None = None) -> AvatarClip:
+def make_avatar_clip(pipe: StableVideoDiffusionPipeline, avatar: AvatarRenderer, plan: AnswerPlan, n: int,
+                     clip_frames: int, settings: SVDSettings, decode_chunk_size: int | None = None) -> AvatarClip:
     """Clip ``n`` of ``plan``: each frame conditioned on its drawing, motion on the clip's words."""
     first = n * clip_frames
     conditions = tuple(plan.condition(k) for k in range(first, first + clip_frames))
@@ -198,10 +205,10 @@ class SVDAvatar:
 
     name = "svd-avatar"
 
-    def __init__(self, model: str | Path | None = None, *, pipeline: Any = None,
+    def __init__(self, model: str | Path | None = None, *, pipeline: StableVideoDiffusionPipeline | None = None,
                  gen_size: Sequence[int] = (1024, 576), size: Sequence[int] | None = None,
                  clip_frames: int | None = None, steps: int = 10, settings: SVDSettings | None = None,
-                 device: str | None = None, dtype: Any = None, variant: str | None = None,
+                 device: str | None = None, dtype: torch.dtype | None = None, variant: str | None = None,
                  decode_chunk_size: int | None = 8, ahead_clips: int = 2) -> None:
         if pipeline is None:
             if model is None:
