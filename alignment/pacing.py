@@ -1,9 +1,11 @@
 """Token pacing: release response tokens at the policy's rate with a steady inter-token interval.
 
-Why absolute deadlines: sleeping a fixed interval *after* each token adds every token's processing
-and wake-up delay to the next interval, so the stream drifts and jitters. Instead token k+1 is due
-at ``due_k + 1 / tokens_per_s``; a late wake-up is absorbed by the next sleep. When the *source*
-is slower than the pace, the grid re-anchors on the token's arrival (no catch-up burst).
+Why deadlines from the last release: sleeping a fixed interval *after* each token adds the consumer's
+work (and the DataChannel send) to every interval. Token k+1 is due at ``emitted_k + interval``:
+the consumer's work is absorbed, and a late wake-up (a busy event loop) lengthens one interval
+only. A fixed grid (``due_k + interval``) would pay it twice, the late interval and a short one
+after it (σ of the intervals √2 × the wake-up noise's instead of 1 ×). A slow source re-anchors the
+same way (no catch-up burst).
 
 A policy change (``set_policy``) takes the interval toward the new rate gradually: each token's
 interval moves at most ``max_step_s`` from the last one. A ramp of slope δ per token has
@@ -109,7 +111,7 @@ class TokenPacer:
         """Yield ``tokens`` at the policy's rate, the first as soon as it arrives, at most
         ``max_tokens`` of them (the source is closed early when the limit is reached)."""
         source = _aiter(tokens)
-        due: float | None = None
+        released: float | None = None  # when the last token went out
         index = 0
         try:
             while index < self._policy.max_tokens:
@@ -118,11 +120,12 @@ class TokenPacer:
                 except StopAsyncIteration:
                     break
                 now = self._clock()
-                due = now if due is None else max(due + self._next_interval(), now)
-                delay = due - self._clock()
+                due = now if released is None else max(released + self._next_interval(), now)
+                delay = due - now
                 if delay > 0:
                     await self._sleep(delay)
-                yield PacedToken(text=text, index=index, due=due, emitted=self._clock())
+                released = self._clock()
+                yield PacedToken(text=text, index=index, due=due, emitted=released)
                 index += 1
         finally:
             await source.aclose()
