@@ -11,7 +11,8 @@ lag (a 5 ms timer), the server's loop-lag gauge and degradation level, and the l
 Prints per responder: worst σ8 at the peer, of the server's intervals and of the transit
 difference; how many intervals stray > 5 ms from the pace on each side; the worst windows.
 
-    flock /tmp/heavy.lock .venv/bin/python bench/stream_evenness.py --responder openai --peers 2 --duration 40
+    flock /tmp/heavy.lock .venv/bin/python bench/stream_evenness.py --responder openai --peers 2 --duration 40 \
+        [--variant this --variant nice --variant base --base-dir /tmp/base-tree]
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import numpy as np
 from alignment.lst import worst_sigma
 
 
-def _peer_proc(index: int, url: str, duration_s: float, start_s: float, out: Any) -> None:
+def _peer_proc(index: int, url: str, duration_s: float, start_s: float, out: Any, nice: int = 0) -> None:
     try:
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
         out.put(asyncio.run(_peer(index, url, duration_s, start_s)))
     except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
         out.put({"index": index, "error": f"{type(exc).__name__}: {exc}"})
@@ -128,21 +131,14 @@ def analyse(peers: list[dict[str, Any]], lags_off_ms: float = 5.0) -> None:
                   f"{[round(x) for x in w[3][:24]]}; server {[round(x) for x in w[4][:24]]}")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--responder", default="openai", choices=("openai", "caption", "assistant"))
-    ap.add_argument("--peers", type=int, default=2)
-    ap.add_argument("--duration", type=float, default=40.0)
-    ap.add_argument("--ttft-ms", type=float, default=80.0)
-    ap.add_argument("--server-arg", action="append", default=[])
-    args = ap.parse_args()
-    if not (1 <= args.peers <= 4 and 5 <= args.duration <= 300):
-        ap.error("--peers 1..4, --duration 5..300")
+def _run(responder: str, variant: str, args: argparse.Namespace) -> None:
+    """One server (this tree, or ``base``: the tree at ``--base-commit``), its peers, the break-down.
+    ``nice``: the server's event-loop thread (and what it starts from then on) at nice −5, the peers too."""
     from app.loadtest.spawn import SpawnedServer
 
     standin = None
-    extra = ["--responder", args.responder, *args.server_arg]
-    if args.responder == "openai":
+    extra = ["--responder", responder, *args.server_arg]
+    if responder == "openai":
         import socket
 
         with socket.socket() as s:
@@ -151,17 +147,21 @@ def main() -> int:
         standin = subprocess.Popen([sys.executable, "-m", "app.loadtest.llm_standin", "--port", str(port),
                                     "--ttft-ms", str(args.ttft_ms)], stdout=subprocess.DEVNULL)
         extra += ["--llm-url", f"http://127.0.0.1:{port}/v1"]
-    log = Path(tempfile.gettempdir()) / f"stream-evenness-{os.getpid()}.log"
-    server = SpawnedServer(args.peers + 2, log, extra)
+    log = Path(tempfile.gettempdir()) / f"stream-evenness-{os.getpid()}-{responder}-{variant}.log"
+    code = Path(args.base_dir) if variant == "base" else None
+    server = SpawnedServer(args.peers + 2, log, extra, code_dir=code)
     rows: list[tuple[float, float, float, float]] = []
     stop = threading.Event()
+    nice = -5 if variant == "nice" else 0
     try:
         server.wait_ready()
-        print(f"server ready (log {log}); load average {os.getloadavg()}", flush=True)
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, server.proc.pid, nice)  # the main thread: uvicorn's event loop
         sampler = threading.Thread(target=_sampler, args=(server.url, stop, rows), daemon=True)
         sampler.start()
-        q: Any = mp.get_context("spawn").Queue()
-        procs = [mp.get_context("spawn").Process(target=_peer_proc, args=(i, server.url, args.duration, 0.5 * i, q))
+        ctx = mp.get_context("spawn")
+        q: Any = ctx.Queue()
+        procs = [ctx.Process(target=_peer_proc, args=(i, server.url, args.duration, 0.5 * i, q, nice))
                  for i in range(args.peers)]
         for pr in procs:
             pr.start()
@@ -177,11 +177,32 @@ def main() -> int:
     loads = [r[1] for r in rows]
     lag = [r[2] for r in rows if r[2] >= 0]
     levels = sorted({int(r[3]) for r in rows if r[3] >= 0})
-    print(f"responder {args.responder}, {args.peers} peers, {args.duration:g} s; load average "
+    print(f"== {responder}, server {variant}, {args.peers} peers, {args.duration:g} s; load average "
           f"{min(loads, default=0):.2f} → {max(loads, default=0):.2f}; server loop lag (10 s max) "
           f"max {1000 * max(lag, default=0):.1f} ms, median {1000 * float(np.median(lag)) if lag else 0:.1f} ms; "
-          f"degradation levels {levels}")
+          f"degradation levels {levels}", flush=True)
     analyse(sorted(peers, key=lambda p: p["index"]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--responder", action="append", choices=("openai", "caption", "assistant"))
+    ap.add_argument("--variant", action="append", choices=("this", "nice", "base"),
+                    help="this tree; this tree with the server's loop and the peers at nice -5; --base-dir's tree")
+    ap.add_argument("--base-dir", default="", help="a source tree to compare with (variant base)")
+    ap.add_argument("--peers", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=40.0)
+    ap.add_argument("--ttft-ms", type=float, default=80.0)
+    ap.add_argument("--server-arg", action="append", default=[])
+    args = ap.parse_args()
+    if not (1 <= args.peers <= 4 and 5 <= args.duration <= 300):
+        ap.error("--peers 1..4, --duration 5..300")
+    variants = args.variant or ["this"]
+    if "base" in variants and not Path(args.base_dir, "app").is_dir():
+        ap.error("variant base needs --base-dir (a source tree)")
+    for responder in args.responder or ["openai"]:
+        for variant in variants:
+            _run(responder, variant, args)
     return 0
 
 

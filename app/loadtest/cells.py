@@ -27,8 +27,8 @@ NETWORKS: dict[str, str] = {
     "loss+jitter": "loss=1%,delay=20ms,jitter=5ms",  # independent loss, a FIFO link whose delay varies ±5 ms
     "delay-mutation": "link=20ms-120ms,period=4s",  # the link's queueing delay jumps every 4 s
 }
-#: Mutation contexts, in report order. ``truncation`` and ``load step`` need a face clip the load
-#: controller reads as a step (docs/LST.md, "Certification: what is missing").
+#: Mutation contexts, in report order. ``truncation`` and ``load step`` are driven through the media:
+#: the workload's face strains mid-answer (``app.loadtest.stepclip``) and the controller reads a step.
 CONTEXTS = ("plain", "truncation", "insertion", "tool calls", "load step", "cold start")
 COLD = "cold start"
 

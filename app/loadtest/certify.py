@@ -37,7 +37,7 @@ import numpy as np
 
 from alignment.lst import LST_VERSION, TIER_NAMES, tier_rank
 from alignment.types import SAMPLE_RATE
-from app.loadtest import certificate
+from app.loadtest import certificate, stepclip
 from app.loadtest.cells import CONTEXTS, NETWORKS, netem_spec, samples_v3
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
@@ -46,13 +46,17 @@ EXIT_OK, EXIT_BELOW, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
 @dataclass(frozen=True)
 class Turn:
     """One user turn of the workload: ``cut`` keeps only this fraction of the speech (cut short);
-    ``context``: the mutation context its answer belongs to (``cells.CONTEXTS``)."""
+    ``context``: the mutation context its answer belongs to (``cells.CONTEXTS``); ``strain``: the
+    face strains to this amount (``app.loadtest.stepclip``) ``strain_after_s`` after the turn's
+    speech ends, while its answer streams, and stays so until the next strain or the clip's end."""
 
     name: str
     text: str
     pause_s: float  # silence after it
     cut: float | None = None
     context: str = "plain"
+    strain: float | None = None
+    strain_after_s: float = 0.8
 
 
 STANDARD_TURNS = (
@@ -63,6 +67,12 @@ STANDARD_TURNS = (
     Turn("inserted while answering", "and should I take an umbrella", 2.5, context="insertion"),
     Turn("long", "I would like to book a table for four people on friday evening somewhere near the river "
                  "and if there is nothing left after seven then saturday would also be fine", 3.0),
+    # the controller reads level 2 mid-answer (rate 12 → 5 tok/s, max_tokens 96: no cut), then level 3
+    # mid the long answer the stand-in gives to "everything" (max_tokens 48 < its ~60 words: cut)
+    Turn("load step", "could you read me the first lines of the letter from the bank", 3.0, context="load step",
+         strain=0.6),
+    Turn("truncated", "now tell me everything about the train times to the coast", 6.0, context="truncation",
+         strain=1.0, strain_after_s=1.5),
 )
 QUICK_TURNS = STANDARD_TURNS[:2]
 WORKLOADS = {"standard": STANDARD_TURNS, "quick": QUICK_TURNS}
@@ -73,6 +83,7 @@ class Workload:
     clip: Any  # app.loadtest.testmedia.AVClip
     turns: tuple[Turn, ...]
     speech_ends: tuple[float, ...]  # clip time at which each turn's speech ends
+    strains: tuple[tuple[float, float], ...] = ()  # (clip time, amount): the face strains from then on
 
 
 def workload_clip(turns: tuple[Turn, ...], fps: float = 25.0, size: tuple[int, int] = (640, 360)) -> Workload:
@@ -80,6 +91,7 @@ def workload_clip(turns: tuple[Turn, ...], fps: float = 25.0, size: tuple[int, i
     from app.loadtest import testmedia
 
     parts, ends, words = [np.zeros(int(0.6 * SAMPLE_RATE), np.float32)], [], []
+    strains: list[tuple[float, float]] = []  # (clip time, amount) from which the face strains
     t = 0.6
     for turn in turns:
         speech = testmedia.synthesize_speech(turn.text)
@@ -94,14 +106,20 @@ def workload_clip(turns: tuple[Turn, ...], fps: float = 25.0, size: tuple[int, i
         audio = audio[:length]
         words += [testmedia.TimedWord(w.text, w.start + t) for w in speech.words if w.start * SAMPLE_RATE < length]
         ends.append(t + length / SAMPLE_RATE)
+        if turn.strain is not None:
+            strains.append((ends[-1] + turn.strain_after_s, turn.strain))
         parts += [audio, np.zeros(int(turn.pause_s * SAMPLE_RATE), np.float32)]
         t += (length + int(turn.pause_s * SAMPLE_RATE)) / SAMPLE_RATE
     audio = np.concatenate(parts).astype(np.float32)
     n_frames = int(len(audio) / SAMPLE_RATE * fps)
-    env = testmedia.speech_envelope(audio, np.arange(n_frames) / fps)
-    frames = testmedia.talking_face_frames(env, size)
+    times = np.arange(n_frames) / fps
+    env = testmedia.speech_envelope(audio, times)
+    amounts = np.zeros(n_frames)
+    for at, amount in strains:
+        amounts[times >= at] = amount
+    frames = stepclip.face_frames(env, amounts, size)
     clip = testmedia.AVClip(audio, frames, fps, tuple(words), " / ".join(tt.text for tt in turns), (), 0.0)
-    return Workload(clip, turns, tuple(ends))
+    return Workload(clip, turns, tuple(ends), tuple(strains))
 
 
 def turn_at(workload: Workload, clip_t: float) -> Turn:

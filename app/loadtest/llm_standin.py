@@ -7,7 +7,8 @@ acknowledgement of the user's last message, streamed as a model does: sub-word p
 "y"), at most ``max_tokens`` pieces (``finish_reason: length`` when that cuts it). A message that
 mentions the weather also gets a ``get_weather`` tool call (OpenAI ``tool_calls`` deltas, argument
 fragments, ``finish_reason: tool_calls``) after a few words; one that mentions an umbrella gets a
-tool call only (an answer with no text). Every completion is kept in ``log`` (``StandInAnswer``):
+tool call only (an answer with no text); one that asks for "everything" a long answer. Every completion
+is kept in ``log`` (``StandInAnswer``):
 what it meant to send and what it did send, so SEQ-Integrity can be judged against it.
 Anything else is a 404/400 with a one-line JSON error. It exists so that turn latency, LST TTFT
 and SEQ-Integrity can be measured with a responder whose behaviour is known (``bench/turn_latency.py``,
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_BODY = 256 * 1024
+#: Words of the long answer to a request for "everything" (more than the load policy's smallest max_tokens).
+LONG_WORDS = 60
 _IDS = itertools.count(1)
 
 
@@ -136,10 +139,14 @@ class StandInLLM:
 
 
 def _reply(body: Any) -> list[str]:
-    """A short answer that depends on the user's words (so responses differ per turn)."""
+    """A short answer that depends on the user's words (so responses differ per turn); a long one
+    (``LONG_WORDS``) when the user asks for "everything", so a limit lowered mid-answer can cut it."""
     messages = body["messages"]
     user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
-    return ["Sure,", "I", "heard:"] + str(user).split()[:12] + ["Anything", "else?"]
+    said = str(user).split()
+    if "everything" in str(user).lower() and said:
+        return ["Here", "is", "everything:"] + [said[i % len(said)] for i in range(LONG_WORDS)] + ["Anything", "else?"]
+    return ["Sure,", "I", "heard:"] + said[:12] + ["Anything", "else?"]
 
 
 def split_word(word: str) -> list[str]:
