@@ -239,12 +239,25 @@ async def _one_run(args: argparse.Namespace, out_dir: Path, workload: Workload, 
     got = [] if t0 is None else samples_v3(events, t0, context_at, network, responder, session or "?", cold_until,
                                             log)
     info = {"responder": responder, **info, "netem": network, "netem_spec": netem_spec(network),
-            "samples": len(got), "load_avg": [round(x, 2) for x in os.getloadavg()]}
+            "samples": len(got), "load_avg": [round(x, 2) for x in os.getloadavg()],
+            "load_levels": [] if t0 is None else _level_changes(events, t0)}
     lst = info.get("server_lst") or {}
+    print(f"    the server's controller (load events): level changes at client s {info['load_levels'][:12]}")
     print(f"    {len(got)} samples; server: turn-hold p99 {lst.get('hold_ms_p99')} ms, prefetch waste "
           f"{lst.get('prefetch_wasted')} of {lst.get('prefetch_requests')}, own SEQ check {lst.get('seq_integrity')}"
           f"{'; ' + info['error'] if info['error'] else ''}", flush=True)
     return got, info
+
+
+def _level_changes(events: list[Any], t0: float) -> list[tuple[float, int]]:
+    """(client s, level) at each change of the level in the server's ``load`` events: the steps the
+    controller read from the face, as the session saw them."""
+    out: list[tuple[float, int]] = []
+    for ev in events:
+        level = ev.message.get("level") if ev.type == "load" else None
+        if isinstance(level, int) and (not out or out[-1][1] != level):
+            out.append((round(ev.wall - t0, 2), level))
+    return out[:500]
 
 
 def _server_lst(url: str, token: str | None) -> dict[str, Any]:
