@@ -34,7 +34,8 @@ class ClientAnswer:
     done: bool | None  # response_end said done (True) / cut short (False) / no response_end (None)
 
 
-def _utterance(value: object) -> Utterance:
+def utterance_of(value: object) -> Utterance:
+    """A wire ``utterance`` as a key (a value that is not a JSON scalar: its text)."""
     return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
 
 
@@ -54,7 +55,7 @@ def client_answers(messages: Iterable[Mapping[str, object]]) -> list[ClientAnswe
     done: dict[AnswerKey, bool] = {}
     for m in messages:
         if m.get("type") == "response":
-            utt = _utterance(m.get("utterance"))
+            utt = utterance_of(m.get("utterance"))
             cid = m.get("completion")
             cid = None if cid is None else str(cid)
             key = current.setdefault(utt, utt)
@@ -64,7 +65,7 @@ def client_answers(messages: Iterable[Mapping[str, object]]) -> list[ClientAnswe
             if cid is not None:
                 completion.setdefault(key, cid)
         elif m.get("type") == "response_end":
-            answer = _utterance(m.get("answer"))
+            answer = utterance_of(m.get("answer"))
             done[current.get(answer, answer)] = m.get("reason") == "done"
     return [ClientAnswer(k, completion.get(k), tuple(w), done.get(k)) for k, w in words.items()]
 
