@@ -31,14 +31,20 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from alignment.lst import LST_VERSION, TIER_NAMES, tier_rank
 from alignment.types import SAMPLE_RATE
 from app.loadtest import certificate, stepclip
-from app.loadtest.cells import CONTEXTS, NETWORKS, netem_spec, samples_v3
+from app.loadtest.cells import CONTEXTS, NETWORKS, Sample, netem_spec, samples_v3
+from app.loadtest.certificate import JSONObject
+
+if TYPE_CHECKING:
+    from app.loadtest.llm_standin import StandInLLM
+    from app.loadtest.peer import ReceivedEvent
+    from app.loadtest.testmedia import AVClip
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
 
@@ -80,7 +86,7 @@ WORKLOADS = {"standard": STANDARD_TURNS, "quick": QUICK_TURNS}
 
 @dataclass(frozen=True)
 class Workload:
-    clip: Any  # app.loadtest.testmedia.AVClip
+    clip: AVClip
     turns: tuple[Turn, ...]
     speech_ends: tuple[float, ...]  # clip time at which each turn's speech ends
     strains: tuple[tuple[float, float], ...] = ()  # (clip time, amount): the face strains from then on
@@ -130,7 +136,7 @@ def turn_at(workload: Workload, clip_t: float) -> Turn:
 
 
 async def run_scenario(url: str, workload: Workload, netem: str, loops: int, seed: int,
-                       token: str | None = None) -> tuple[list[Any], float | None, str | None, dict[str, Any]]:
+                       token: str | None = None) -> tuple[list[ReceivedEvent], float | None, str | None, JSONObject]:
     """One peer streams the workload ``loops`` times under ``netem``; returns its events, t0, session, info."""
     from app.loadtest.netem import NetemLink, parse_profile
     from app.loadtest.peer import WhipPeer
@@ -141,7 +147,7 @@ async def run_scenario(url: str, workload: Workload, netem: str, loops: int, see
     if not profile.is_clean:
         link = NetemLink(profile, seed=seed)
         peer.pc.on("icegatheringstatechange", lambda: link.attach_pc(peer.pc))
-    info: dict[str, Any] = {"netem": netem, "error": None}
+    info: JSONObject = {"netem": netem, "error": None}
     try:
         await asyncio.wait_for(peer.connect(timeout=20.0), 25.0)
         run_s = loops * workload.clip.duration
@@ -161,13 +167,13 @@ async def run_scenario(url: str, workload: Workload, netem: str, loops: int, see
     return peer.events, peer.t0_wall, peer.session_id, info
 
 
-async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[JSONObject, list[Sample]]:
     """Every responder × network strategy; returns the header and the samples (raises ValueError on no server)."""
     from app.loadtest.llm_standin import StandInLLM
 
     workload = await asyncio.to_thread(workload_clip, WORKLOADS[args.workload])
-    samples: list[dict[str, Any]] = []
-    runs: list[dict[str, Any]] = []
+    samples: list[Sample] = []
+    runs: list[JSONObject] = []
     standin = None
     responders = args.responder if args.spawn_server else ["server"]  # --url: whatever it runs
     try:
@@ -203,7 +209,7 @@ async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str
 
 
 async def _one_run(args: argparse.Namespace, out_dir: Path, workload: Workload, responder: str, network: str,
-                   k: int, standin: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                   k: int, standin: StandInLLM | None) -> tuple[list[Sample], JSONObject]:
     """One peer streams the workload to a server (a fresh one with ``--spawn-server``)."""
     from app.loadtest.spawn import SpawnedServer
 
@@ -249,7 +255,7 @@ async def _one_run(args: argparse.Namespace, out_dir: Path, workload: Workload, 
     return got, info
 
 
-def _level_changes(events: list[Any], t0: float) -> list[tuple[float, int]]:
+def _level_changes(events: list[ReceivedEvent], t0: float) -> list[tuple[float, int]]:
     """(client s, level) at each change of the level in the server's ``load`` events: the steps the
     controller read from the face, as the session saw them."""
     out: list[tuple[float, int]] = []
@@ -260,7 +266,7 @@ def _level_changes(events: list[Any], t0: float) -> list[tuple[float, int]]:
     return out[:500]
 
 
-def _server_lst(url: str, token: str | None) -> dict[str, Any]:
+def _server_lst(url: str, token: str | None) -> JSONObject:
     """The server's own LST v3 extras after a run: turn-hold, prefetch waste, its SEQ self-check."""
     from app.loadtest.probe import fetch_lst, lst_url
 
@@ -275,7 +281,7 @@ def _server_lst(url: str, token: str | None) -> dict[str, Any]:
 
 # --- HTML ---------------------------------------------------------------------------------------
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: JSONObject) -> str:
     """A self-contained page: the verdict, per-scenario figures, plots of every raw sample."""
     from html import escape
 
@@ -306,7 +312,7 @@ Definitions v{v.get('lst_version')}.</p>
 </body></html>"""
 
 
-def _ttft_svg(samples: list[dict[str, Any]]) -> str:
+def _ttft_svg(samples: list[Sample]) -> str:
     from app.loadtest.report import figure_svg, new_figure
 
     fig, ax = new_figure()
@@ -325,7 +331,7 @@ def _ttft_svg(samples: list[dict[str, Any]]) -> str:
     return figure_svg(fig)
 
 
-def _itl_svg(samples: list[dict[str, Any]]) -> str:
+def _itl_svg(samples: list[Sample]) -> str:
     from app.loadtest.report import figure_svg, new_figure
 
     fig, ax = new_figure()
