@@ -81,7 +81,9 @@ STANDARD_TURNS = (
          strain=1.0, strain_after_s=1.5),
 )
 QUICK_TURNS = STANDARD_TURNS[:2]
-WORKLOADS = {"standard": STANDARD_TURNS, "quick": QUICK_TURNS}
+#: The two contexts driven through the face, after one plain turn (the controller's 5 s baseline).
+STEP_TURNS = tuple(t for t in STANDARD_TURNS if t.name in ("plain", "load step", "truncated"))
+WORKLOADS = {"standard": STANDARD_TURNS, "quick": QUICK_TURNS, "steps": STEP_TURNS}
 
 
 @dataclass(frozen=True)
