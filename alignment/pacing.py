@@ -1,20 +1,15 @@
 """Token pacing: release response tokens at the policy's rate with a steady inter-token interval.
 
-Why deadlines from the last release: sleeping a fixed interval *after* each token adds the consumer's
-work (and the DataChannel send) to every interval. Token k+1 is due at ``emitted_k + interval``:
-the consumer's work is absorbed, and a late wake-up (a busy event loop) lengthens one interval
-only. A fixed grid (``due_k + interval``) would pay it twice, the late interval and a short one
-after it (σ of the intervals √2 × the wake-up noise's instead of 1 ×). A slow source re-anchors the
-same way (no catch-up burst).
+Token k+1 is due one interval after token k's actual release: the consumer's work (the DataChannel
+send) is absorbed, and a late wake-up (a busy event loop) lengthens one interval only, where a fixed
+grid would follow it with a short one (σ of the intervals √2 × the wake-up noise instead of 1 ×);
+the price is a pace slower by the mean wake-up delay. A slow source re-anchors the same way.
 
-A policy change (``set_policy``) takes the interval toward the new rate gradually: each token's
-interval moves at most ``max_step_s`` from the last one. A ramp of slope δ per token has
-σ8 = δ·√(63/12) ≈ 2.29 δ, so the default 1.2 ms keeps a load step mid-answer at σ8 ≈ 2.75 ms (Gold)
-instead of a jump (12 → 8 tok/s: σ8 ≈ 21 ms). ``continue_from`` carries the interval into the
-session's next answer, so the windows that span two answers glide too (docs/LST.md).
-
-One pacer per session, one response at a time; everything runs on the event loop (sleeping costs
-no CPU), so many sessions share a loop. A new ``max_tokens`` applies from the next token.
+A policy change (``set_policy``) glides: each interval moves at most ``max_step_s`` from the last
+(a ramp of slope δ has σ8 ≈ 2.29 δ, so 1.2 ms keeps a load step mid-answer at σ8 ≈ 2.75 ms, Gold,
+where a jump 12 → 8 tok/s reads ≈ 21 ms). ``continue_from`` carries the interval into the session's
+next answer, since σ8 windows span answers (docs/LST.md). A new ``max_tokens`` applies from the
+next token. One pacer per session; sleeping on the event loop costs no CPU.
 """
 
 from __future__ import annotations

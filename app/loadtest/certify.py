@@ -1,19 +1,14 @@
 """``synchrony certify`` and ``synchrony verify``: an LST certification run and its signed report.
 
-certify streams a standard workload to a server over real WebRTC (one ``app.loadtest.peer.WhipPeer`` per
-network strategy, in this process), keeps every raw LST sample (``app.loadtest.cells``: TTFT as the
-server measured it, ITL as the receiving peer saw it, SEQ-Integrity against the stand-in's log), and
-writes ``certificate.json`` (samples as Merkle leaves, root + verdict signed with the operator's
-Ed25519 key; ``app.loadtest.certificate``) and ``certificate.html`` (plots). The workload:
-
-* turns spoken by a talking face (generated speech with known word times), each in a mutation
-  context: plain turns (one cut short mid-sentence), a turn whose answer calls a tool, a turn
-  inserted while the previous answer streams (asking for a tool-only answer), a long turn; the first
-  pass on a freshly started server is the cold start;
-* every ``--netem`` network strategy (``cells.NETWORKS``: clean, loss+jitter, delay-mutation, or any
-  ``app.loadtest.netem`` spec); with ``--spawn-server`` a fresh server per responder and strategy;
-* every ``--responder`` (``openai`` talks to a local stand-in, ``app.loadtest.llm_standin``, whose own
-  TTFT is ``--standin-ttft-ms``). Each answer is paced by the policy the server's load controller picks.
+certify streams a workload to a server over real WebRTC (one ``WhipPeer`` per network strategy),
+keeps every raw LST sample (``app.loadtest.cells``: TTFT at the server, ITL at the receiving peer,
+SEQ-Integrity against the stand-in's log) and writes ``certificate.json`` (samples as Merkle leaves,
+root + verdict signed with the operator's Ed25519 key; ``app.loadtest.certificate``) and
+``certificate.html``. The workload: turns spoken by a talking face, each in a mutation context
+(plain, cut short, tool call, insertion, and the load step and truncation driven through the face:
+``app.loadtest.stepclip``; the first pass on a fresh server is the cold start), under every
+``--netem`` strategy (``cells.NETWORKS``), for every ``--responder`` (``openai`` talks to the local
+stand-in, ``app.loadtest.llm_standin``). Each answer is paced by the server's own load controller.
 
 verify recomputes the leaves, the root and the verdict and checks the signature; exit 0 valid, 1
 not (with the reasons), 2 unreadable input.
