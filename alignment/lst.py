@@ -1,31 +1,14 @@
 """LST metrics of a response token stream: LST TTFT, turn latency, ITL, ITLmax, jitter σ8, tier.
 
-All times are seconds on one clock chosen by the caller (normally ``time.monotonic`` wall time at
-emission); the session maps the VAD's end-of-speech pts onto that clock. Figures are in ms.
-
-Definitions (fixed here so tests, dashboards and certification reports agree; docs/LST.md):
-
-* **LST TTFT** (the standard's serving chain, v3): the request's first byte written → the first
-  content delta read from the responder (a built-in responder: its first token produced).
-  ``ttft_ms_p99`` is its p99: linear interpolation between order statistics (``numpy.percentile``
-  default) over the last ``history`` responses.
-* **turn latency** (the user's): the end of the user's speech (VAD end of speech) → the first
-  response token emitted. It holds the turn decision, the final decode, the TTFT and the
-  **turn-hold** (a prefetched answer's first token waiting for the turn to end; ``hold_ms``).
-  Reported (p50/p95/p99) beside the LST figures, never judged by the tiers.
-* **prefetch waste**: requests sent at a pause and then discarded (the user went on speaking).
-* **SEQ-Integrity**: the share of answers whose delivered words keep every rule of
-  ``alignment.seq`` (in order, none twice or skipped, a word-boundary prefix, no tool-call text).
-* **ITL**: interval between consecutive tokens of one response (never across responses).
-* **jitter σ8**: population standard deviation (ddof=0) of 8 consecutive ITLs of the stream (a
-  window may span responses, as the standard's sliding window does). ``jitter_ms`` is the *worst*
-  σ8 over every window the stream had (a stream with fewer than 8 ITLs: σ of all of them, ≥ 2);
-  ``jitter_ms_last8`` is the σ of the last 8, what the meter reads now.
-* **ITLmax**: the longest ITL. Reported, not judged: the standard bounds TTFT99 and jitter only, and
-  the worst-window σ8 already fails a stall (one interval d among seven of m has σ8 = (d − m)·√7/8,
-  so a stall more than ~9 ms past the pace fails Gold and more than ~46 ms fails Bronze).
-* **tier**: Gold TTFT99 ≤ 65 ms & jitter ≤ 3 ms; Silver ≤ 120 & ≤ 8; Bronze ≤ 200 & ≤ 15; else
-  "none" (also "none" until there is a TTFT and a jitter figure).
+Seconds on one clock the caller chooses (``time.monotonic`` at emission); figures in ms. The
+definitions, fixed here so tests, dashboards and certificates agree, are in docs/LST.md:
+**LST TTFT** (v3: request's first byte written → first content read; p99 by ``numpy.percentile``
+over the last ``history`` responses); **turn latency** (VAD end of speech → first token emitted,
+holding the turn-hold ``hold_ms``; reported, never judged); **prefetch waste**; **SEQ-Integrity**
+(``alignment.seq``); **ITL** (within one response); **jitter σ8** (ddof=0 over 8 consecutive ITLs,
+windows may span responses; ``jitter_ms`` the worst window, ``jitter_ms_last8`` the last);
+**ITLmax** (reported, not judged: one interval d among seven of m has σ8 = (d − m)·√7/8);
+**tier**: Gold TTFT99 ≤ 65 ms & jitter ≤ 3 ms, Silver ≤ 120 & ≤ 8, Bronze ≤ 200 & ≤ 15, else none.
 """
 
 from __future__ import annotations

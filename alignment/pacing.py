@@ -1,18 +1,15 @@
 """Token pacing: release response tokens at the policy's rate with a steady inter-token interval.
 
-Why absolute deadlines: sleeping a fixed interval *after* each token adds every token's processing
-and wake-up delay to the next interval, so the stream drifts and jitters. Instead token k+1 is due
-at ``due_k + 1 / tokens_per_s``; a late wake-up is absorbed by the next sleep. When the *source*
-is slower than the pace, the grid re-anchors on the token's arrival (no catch-up burst).
+Token k+1 is due one interval after token k's actual release: the consumer's work (the DataChannel
+send) is absorbed, and a late wake-up (a busy event loop) lengthens one interval only, where a fixed
+grid would follow it with a short one (σ of the intervals √2 × the wake-up noise instead of 1 ×);
+the price is a pace slower by the mean wake-up delay. A slow source re-anchors the same way.
 
-A policy change (``set_policy``) takes the interval toward the new rate gradually: each token's
-interval moves at most ``max_step_s`` from the last one. A ramp of slope δ per token has
-σ8 = δ·√(63/12) ≈ 2.29 δ, so the default 1.2 ms keeps a load step mid-answer at σ8 ≈ 2.75 ms (Gold)
-instead of a jump (12 → 8 tok/s: σ8 ≈ 21 ms). ``continue_from`` carries the interval into the
-session's next answer, so the windows that span two answers glide too (docs/LST.md).
-
-One pacer per session, one response at a time; everything runs on the event loop (sleeping costs
-no CPU), so many sessions share a loop. A new ``max_tokens`` applies from the next token.
+A policy change (``set_policy``) glides: each interval moves at most ``max_step_s`` from the last
+(a ramp of slope δ has σ8 ≈ 2.29 δ, so 1.2 ms keeps a load step mid-answer at σ8 ≈ 2.75 ms, Gold,
+where a jump 12 → 8 tok/s reads ≈ 21 ms). ``continue_from`` carries the interval into the session's
+next answer, since σ8 windows span answers (docs/LST.md). A new ``max_tokens`` applies from the
+next token. One pacer per session; sleeping on the event loop costs no CPU.
 """
 
 from __future__ import annotations
@@ -109,7 +106,7 @@ class TokenPacer:
         """Yield ``tokens`` at the policy's rate, the first as soon as it arrives, at most
         ``max_tokens`` of them (the source is closed early when the limit is reached)."""
         source = _aiter(tokens)
-        due: float | None = None
+        released: float | None = None  # when the last token went out
         index = 0
         try:
             while index < self._policy.max_tokens:
@@ -118,11 +115,12 @@ class TokenPacer:
                 except StopAsyncIteration:
                     break
                 now = self._clock()
-                due = now if due is None else max(due + self._next_interval(), now)
-                delay = due - self._clock()
+                due = now if released is None else max(released + self._next_interval(), now)
+                delay = due - now
                 if delay > 0:
                     await self._sleep(delay)
-                yield PacedToken(text=text, index=index, due=due, emitted=self._clock())
+                released = self._clock()
+                yield PacedToken(text=text, index=index, due=due, emitted=released)
                 index += 1
         finally:
             await source.aclose()

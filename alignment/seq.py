@@ -1,19 +1,12 @@
 """SEQ-Integrity: does the answer a client received keep the sequence the responder sent?
 
-An answer keeps SEQ-Integrity when the words delivered to the client (``response`` events: index,
-text) are:
-
-* **in order**: indices 0, 1, 2, … in arrival order, none twice, none skipped;
-* **a prefix on a word boundary** of the responder's full answer (its content pieces joined, split
-  on whitespace): delivered word k equals sent word k, so a split word ("synchron" of "synchrony")
-  fails; an answer that ended ``done`` (``AnswerEnd.DONE``) must hold every sent word, one cut
-  short (max_tokens, barge-in, a policy change) may stop after any whole word;
-* **free of tool-call text**: no delivered word comes from a tool call's name or arguments.
-
-An empty or tool-only answer keeps it when nothing was shown. The unit of ``max_tokens`` on the
-delivery path is the whole word (docs/LST.md). The score is the share of answers that keep every
-rule. ``WordAssembler`` is the delivery path's half: raw pieces in, whole words out, a trailing
-word withheld when the stream was cut by a length limit (it may be split).
+The words delivered (``response`` events: index, text) must be **in order** (indices 0, 1, 2, …,
+none twice, none skipped), **a prefix on a word boundary** of the responder's full answer (its
+pieces joined, split on whitespace; an answer that ended ``done`` holds every word, one cut short
+may stop after any whole word) and **free of tool-call text**. An empty or tool-only answer keeps it
+when nothing was shown; the unit of ``max_tokens`` on the delivery path is the whole word; the score
+is the share of answers that keep every rule (docs/LST.md). ``WordAssembler`` is the delivery
+path's half: raw pieces in, whole words out, a trailing word withheld when a length limit cut it.
 """
 
 from __future__ import annotations

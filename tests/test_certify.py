@@ -155,6 +155,23 @@ def test_workload_clip_marks_each_turn_end():
     assert len(w.clip.frames) == int(w.clip.duration * 25)
 
 
+def test_the_load_step_turns_strain_the_face_and_the_shipped_controller_reads_both_steps():
+    """The workload's load step and truncation, driven through the media: the real face extractor and
+    the shipped controller read level 0 on the talking face, then a step to 2 and one to 3, each
+    within 1.5 s of the face straining (so inside the answer that follows the turn)."""
+    from app.loadtest.certify import STANDARD_TURNS
+    from app.loadtest.stepclip import controller_reading, level_changes
+
+    turns = tuple(t for t in STANDARD_TURNS if t.name in ("plain", "cut short", "load step", "truncated"))
+    w = workload_clip(turns)
+    assert [amount for _, amount in w.strains] == [0.6, 1.0]
+    changes = level_changes(controller_reading(w.clip.frames, w.clip.fps))
+    assert [level for _, level in changes] == [0, 2, 3], changes
+    for (at, _), (read, _) in zip(w.strains, changes[1:], strict=True):
+        assert at <= read <= at + 1.5, changes
+    assert w.speech_ends[-1] + 1.0 < changes[-1][0] < w.clip.duration
+
+
 def test_a_v2_certificate_still_verifies_by_v2_rules():
     """tests/data/lst_v2_certificate.json was signed by the v2 code; verify judges it by v2's rules."""
     from pathlib import Path

@@ -117,8 +117,8 @@ async def test_openai_tokens_are_paced_and_capped(fake_openai):
     out = [t async for t in responder.respond("hi", policy, TokenPacer(policy))]
     assert [t.text for t in out] == REPLY[:6]
     assert srv.requests[0]["max_tokens"] == 6
-    gaps = np.diff([t.due for t in out])
-    # Never faster than the pace; on time unless the source itself was late (the grid re-anchors).
+    gaps = np.asarray([b.due - a.emitted for a, b in zip(out, out[1:], strict=False)])
+    # Never faster than the pace: each due one interval after the last release, unless the source was late.
     assert (gaps >= 0.04 - 1e-9).all() and np.median(gaps) == pytest.approx(0.04, abs=1e-9)
     assert out[-1].emitted - out[0].emitted >= 5 * 0.04 - 0.002  # paced, not a burst
 
@@ -154,8 +154,8 @@ async def test_caption_responder_streams_transcript_at_pace():
     policy = TokenRatePolicy(tokens_per_s=50.0, max_tokens=5, temperature=0.0)
     out = [t async for t in CaptionResponder().respond("please send the report to my office", policy)]
     assert [t.text for t in out] == ["please", "send", "the", "report", "to"]
-    gaps = np.diff([t.due for t in out])
-    # on the 20 ms grid; a machine stall longer than one interval re-anchors it (never faster)
+    gaps = np.asarray([b.due - a.emitted for a, b in zip(out, out[1:], strict=False)])
+    # each due 20 ms after the last release (never faster)
     assert (gaps >= 0.02 - 1e-9).all() and np.median(gaps) == pytest.approx(0.02, abs=1e-9)
     assert make_responder().name == "caption"
 

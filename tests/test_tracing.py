@@ -163,23 +163,37 @@ def test_a_collector_that_is_down_costs_only_dropped_spans(monkeypatch):
     assert tr.queue.exported == 0
 
 
-async def test_a_live_conversation_yields_a_trace_whose_turn_names_its_children(collector, live_stages, av_clip):  # noqa: F811
-    """A real peer speaks one sentence over WebRTC to a live server (OpenAI stand-in responder) with
-    OTEL_EXPORTER_OTLP_ENDPOINT set; the loopback collector gets the session's trace."""
+@pytest.fixture(scope="module")
+def voice():
+    """The spoken answer's voice as ``synchrony serve`` warms it (festival, the avatar where built)."""
+    from app.live.server import ServerConfig
+    from app.live.warmup import WarmState, _warm_voice
+
+    state = WarmState()
+    _warm_voice(ServerConfig(ui=False, tts="festival"), state)
+    return state.stages.voice
+
+
+async def test_a_live_conversation_yields_a_trace_whose_turn_names_its_children(collector, live_stages, av_clip,  # noqa: F811
+                                                                                voice):
+    """A real peer speaks one sentence over WebRTC to a live server (OpenAI stand-in responder, answers
+    spoken by festival) with OTEL_EXPORTER_OTLP_ENDPOINT set; the loopback collector gets the session's
+    trace, and the answer's turn names its asr, llm, tts and playback children."""
     import dataclasses
 
     from app.live.server import ServerConfig, create_app, running_server
     from app.loadtest.peer import WhipPeer
 
     llm = await StandInLLM(ttft_s=0.08).start()
-    stages = dataclasses.replace(live_stages, make_responder=lambda: OpenAIResponder(base_url=llm.base_url))
-    app = create_app(ServerConfig.in_process(ui=False, output_delay_s=0.9), stages=stages)
+    stages = dataclasses.replace(live_stages, voice=voice,
+                                 make_responder=lambda: OpenAIResponder(base_url=llm.base_url))
+    app = create_app(ServerConfig.in_process(ui=False, output_delay_s=0.9, tts="festival"), stages=stages)
     try:
         async with running_server(app) as base:
             peer = WhipPeer(f"{base}/whip", av_clip, traceparent=WHIP_PARENT)
             await peer.connect()
             try:
-                await peer.wait_for("lst", lambda m: True, timeout=60)  # one whole answer
+                await peer.wait_for("response_end", lambda m: True, timeout=90)  # one whole spoken answer
             finally:
                 await peer.close()
     finally:
@@ -189,9 +203,15 @@ async def test_a_live_conversation_yields_a_trace_whose_turn_names_its_children(
     assert "session" in names and "turn" in names and "llm" in names, names
     assert all(s.trace_id.hex() == WHIP_TRACE for _, s in collector.spans)
     by_id = {s.span_id: s for _, s in collector.spans}
-    turn = next(s for _, s in collector.spans if s.name == "turn")
-    children = {s.name for _, s in collector.spans if s.parent_span_id == turn.span_id}
-    assert "llm" in children, children
+    turns = [s for _, s in collector.spans if s.name == "turn"]
+    children = {t.span_id: {s.name for _, s in collector.spans if s.parent_span_id == t.span_id} for t in turns}
+    spoken = [t for t in turns if {"asr", "llm", "tts", "playback"} <= children[t.span_id]]
+    assert spoken, children
+    turn = spoken[0]
     assert by_id[turn.parent_span_id].name == "session"
+    for name in ("tts", "playback"):  # inside the turn, which lasts until the answer has played
+        child = next(s for _, s in collector.spans if s.parent_span_id == turn.span_id and s.name == name)
+        assert turn.start_time_unix_nano <= child.start_time_unix_nano <= child.end_time_unix_nano
+        assert child.end_time_unix_nano <= turn.end_time_unix_nano
     assert llm.log[0].traceparent.split("-")[1] == WHIP_TRACE
-    print(f"spans {sorted(names)}; the turn's children {sorted(children)}")
+    print(f"spans {sorted(names)}; the spoken turn's children {sorted(children[turn.span_id])}")

@@ -32,6 +32,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from alignment.clock import SessionClock
 from alignment.types import SAMPLE_RATE, AnswerEnd, AnswerOutcome, SpokenPhone, SpokenPhrase, TokenRatePolicy
+from app.live import tracing
 from app.live.answer_audio import AUDIO_RATE, KEEP_AUDIO_S, MAX_LAG_S, envelope_lag, resample_16k, room_noise, to_pcm48
 from app.live.events import AnswerStartEvent, AnswerSyncEvent, AnswerWordEvent, WarningEvent
 from app.live.stages import AnswerConfig, Avatar, Mouth, Stage, StageHost, Voice
@@ -97,8 +98,10 @@ class Answer:
     """One spoken answer: its phrases as they are synthesized, and what has been played of them."""
 
     def __init__(self, player: AnswerPlayer, answer_id: int, speech_end: float | None,
-                 policy: Callable[[], TokenRatePolicy]) -> None:
+                 policy: Callable[[], TokenRatePolicy], turn: tracing._NoSpan = tracing.NO_SPAN) -> None:
+        """``turn``: the turn's span; the answer's ``tts`` and ``playback`` spans go under it."""
         self.player, self.id, self.speech_end, self._policy = player, answer_id, speech_end, policy
+        self.turn, self._tts, self._playback = turn, tracing.NO_SPAN, tracing.NO_SPAN
         self.queue: deque[_Phrase] = deque()
         self.words: list[_Word] = []  # every word synthesized so far, in order
         self._cursor = 0  # the first word not yet fully handed on
@@ -137,6 +140,7 @@ class Answer:
                 if piece is None:
                     break
         finally:
+            self._tts.end()
             self._synth_done = True
             self._maybe_finished()
 
@@ -145,6 +149,8 @@ class Answer:
             self.failed = True
             return
         wpm = voice.wpm(self._policy())
+        if self._tts is tracing.NO_SPAN:  # first phrase → last phrase synthesized
+            self._tts = self.turn.child("tts", {"synchrony.tts.wpm": float(wpm)})
         try:
             phrase = await asyncio.wait_for(voice.synthesizer.synthesize(text, wpm), self.player.synth_timeout_s)
             pcm = await asyncio.get_running_loop().run_in_executor(None, to_pcm48, phrase)
@@ -202,12 +208,14 @@ class Answer:
             self._cursor += 1
         if out is not None and self.started_wall is None:
             self.started_wall = time.monotonic()
+            self._playback = self.turn.child("playback")  # first audio out → end or barge-in
             self.player.answer_started(self, t)
         self._maybe_finished()
         return out
 
     def _maybe_finished(self) -> None:
         if self._synth_done and not self.queue and not self.finished.is_set():
+            self._playback.end()
             self.finished.set()
 
     @property
@@ -221,6 +229,9 @@ class Answer:
         if self.stopped:
             return
         self.stopped = True
+        if not self.finished.is_set():
+            self._playback.set({"synchrony.playback.stopped": True})
+        self._playback.end()
         self.queue.clear()
         self._task.cancel()
         self.finished.set()
@@ -269,11 +280,12 @@ class AnswerPlayer:
         a = self.current
         return a is not None and a.playing
 
-    def begin(self, answer_id: int, speech_end: float | None, policy: Callable[[], TokenRatePolicy]) -> Answer:
-        """A new answer replaces the one playing (which stops at once)."""
+    def begin(self, answer_id: int, speech_end: float | None, policy: Callable[[], TokenRatePolicy],
+              turn: tracing._NoSpan = tracing.NO_SPAN) -> Answer:
+        """A new answer replaces the one playing (which stops at once); ``turn``: its span."""
         if self.current is not None:
             self.current.stop()
-        self.current = Answer(self, answer_id, speech_end, policy)
+        self.current = Answer(self, answer_id, speech_end, policy, turn)
         return self.current
 
     def stop(self) -> Answer | None:

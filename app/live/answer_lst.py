@@ -96,8 +96,9 @@ class MeteredAnswer:
             return AnswerEnd.MAX_TOKENS
         return AnswerEnd.DONE
 
-    def end(self, reason: AnswerEnd | None) -> None:
-        """The answer ended (``None``: a prefetched request discarded before it was shown)."""
+    def end(self, reason: AnswerEnd | None, keep_turn: bool = False) -> None:
+        """The answer ended (``None``: a prefetched request discarded before it was shown);
+        ``keep_turn``: its turn span stays open (the spoken answer still plays) until ``close_turn``."""
         if self._ended:
             return
         self._ended = True
@@ -114,4 +115,8 @@ class MeteredAnswer:
             self.turn.event("barge_in", {"synchrony.words_delivered": len(self.delivered)})
         self.turn.set({"synchrony.answer_end": str(reason) if reason is not None else "prefetch_discarded",
                        "synchrony.seq_kept": bool(self.verdict.kept) if self.verdict else True})
+        if not keep_turn:
+            self.turn.end()
+
+    def close_turn(self) -> None:
         self.turn.end()

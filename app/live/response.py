@@ -228,7 +228,8 @@ class Responses:
                 self._pacer = pacer  # the answer now being shown follows load changes
                 if player is not None:
                     if voice is None:
-                        voice = player.begin(utterance, speech_end_pts, lambda: self.policy or policy)
+                        voice = player.begin(utterance, speech_end_pts, lambda: self.policy or policy,
+                                             metered.turn)
                     voice.feed(" " + word if heard else word)
                 heard.append(word)
                 yield word
@@ -244,7 +245,7 @@ class Responses:
                 self.host.emit(ResponseEvent(utterance, tok.index, tok.text, (tok.emitted - since) * 1000, timing,
                                              completion=metered.times.completion_id if tok.index == 0 else None))
             reason = metered.reason(pacer.policy.max_tokens)
-            metered.end(reason)
+            metered.end(reason, keep_turn=voice is not None)  # a spoken answer's turn lasts until it has played
             if self.lst is not None and metered.delivered:
                 self.host.emit(LSTEvent(self.lst.snapshot()))
             if voice is not None:
@@ -266,6 +267,7 @@ class Responses:
             self.host.fail_stage(Stage.RESPONSE, exc)
         finally:
             metered.end(reason)
+            metered.close_turn()
             if metered.delivered:  # a discarded prefetch paced nothing: the glide goes on from the last answer
                 self._interval = pacer.interval_s
             if self._pacer is pacer:

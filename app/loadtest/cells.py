@@ -15,11 +15,17 @@ or ``cold start`` for every answer of the first pass of the first session on a f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from app.loadtest.llm_standin import StandInAnswer
-from app.loadtest.seqcheck import client_answers, judge
+from app.loadtest.seqcheck import AnswerKey, Utterance, client_answers, judge, utterance_of
+
+if TYPE_CHECKING:
+    from app.loadtest.peer import ReceivedEvent
+
+#: One raw sample: a JSON object, the certificate's Merkle leaf as it is hashed (canonical JSON).
+Sample: TypeAlias = dict[str, object]
 
 #: The named network strategies (netem specs, ``app.loadtest.netem.parse_profile``).
 NETWORKS: dict[str, str] = {
@@ -27,8 +33,8 @@ NETWORKS: dict[str, str] = {
     "loss+jitter": "loss=1%,delay=20ms,jitter=5ms",  # independent loss, a FIFO link whose delay varies ±5 ms
     "delay-mutation": "link=20ms-120ms,period=4s",  # the link's queueing delay jumps every 4 s
 }
-#: Mutation contexts, in report order. ``truncation`` and ``load step`` need a face clip the load
-#: controller reads as a step (docs/LST.md, "Certification: what is missing").
+#: Mutation contexts, in report order. ``truncation`` and ``load step`` are driven through the media:
+#: the workload's face strains mid-answer (``app.loadtest.stepclip``) and the controller reads a step.
 CONTEXTS = ("plain", "truncation", "insertion", "tool calls", "load step", "cold start")
 COLD = "cold start"
 
@@ -38,16 +44,16 @@ def netem_spec(name: str) -> str:
     return NETWORKS.get(name, name)
 
 
-def samples_v3(events: Sequence[Any], t0: float, context_at: Callable[[float], tuple[str, str]], scenario: str,
-               responder: str, session: str, cold_until: float | None,
-               log: Sequence[StandInAnswer] | None) -> list[dict[str, Any]]:
+def samples_v3(events: Sequence[ReceivedEvent], t0: float, context_at: Callable[[float], tuple[str, str]],
+               scenario: str, responder: str, session: str, cold_until: float | None,
+               log: Sequence[StandInAnswer] | None) -> list[Sample]:
     """The run's samples (see the module docstring). ``context_at(clip time)`` → (turn, context) of
     the turn whose speech ended last before it; ``cold_until``: client time before which every
     answer is the cold start (None: not a fresh server's first session)."""
-    out: list[dict[str, Any]] = []
-    last_arrival: dict[Any, float] = {}
-    ctx: dict[Any, str] = {}
-    messages = []
+    out: list[Sample] = []
+    last_arrival: dict[Utterance, float] = {}
+    ctx: dict[Utterance, str] = {}
+    messages: list[Mapping[str, object]] = []
     for ev in events:
         m = ev.message
         if m.get("type") not in ("response", "response_end"):
@@ -56,7 +62,7 @@ def samples_v3(events: Sequence[Any], t0: float, context_at: Callable[[float], t
         if m.get("type") != "response":
             continue
         client_s = round(ev.wall - t0, 4)
-        utt = m.get("utterance")
+        utt = utterance_of(m.get("utterance"))
         base = {"scenario": scenario, "responder": responder, "session": session, "utterance": utt,
                 "index": m.get("index"), "client_s": client_s}
         if isinstance(m.get("ttft_ms"), (int, float)):
@@ -77,8 +83,8 @@ def samples_v3(events: Sequence[Any], t0: float, context_at: Callable[[float], t
     return out
 
 
-def _seq_samples(messages: list[dict[str, Any]], log: Sequence[StandInAnswer], ctx: dict[Any, str], scenario: str,
-                 responder: str, session: str) -> list[dict[str, Any]]:
+def _seq_samples(messages: list[Mapping[str, object]], log: Sequence[StandInAnswer], ctx: Mapping[Utterance, str],
+                 scenario: str, responder: str, session: str) -> list[Sample]:
     answers = client_answers(messages)
     ids = {a.completion for a in answers if a.completion}
     by_completion = {a.completion: a for a in answers}
@@ -86,7 +92,7 @@ def _seq_samples(messages: list[dict[str, Any]], log: Sequence[StandInAnswer], c
     out = []
     for key, verdict in judge(answers, mine):
         answer = by_completion.get(key)
-        utt = answer.utterance if answer is not None else None
+        utt: AnswerKey = answer.utterance if answer is not None else None
         context = ctx.get(utt[0] if isinstance(utt, tuple) else utt, "tool calls" if answer is None else "plain")
         out.append({"scenario": scenario, "responder": responder, "session": session, "kind": "seq",
                     "context": context, "answer": key, "kept": verdict.kept, "words": verdict.delivered,

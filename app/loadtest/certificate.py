@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -25,14 +27,59 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from alignment.lst import LST_VERSION, judge_samples, percentile
 
 FORMAT = "synchrony-lst-certificate/1"
+#: A JSON object as a report holds it (the report is JSON on disk: its parts stay JSON objects).
+JSONObject: TypeAlias = dict[str, object]
 
 
-def canonical(obj: Any) -> bytes:
+@dataclass(frozen=True)
+class JudgedSample:
+    """What the verdict reads of one sample (the sample itself stays JSON: its leaf hashes that)."""
+
+    kind: str  # ttft, itl, server_itl, seq
+    responder: str
+    scenario: str
+    session: str
+    context: str | None
+    ms: float | None
+    turn_ms: float | None
+    kept: bool
+
+    @classmethod
+    def of(cls, sample: Mapping[str, object]) -> JudgedSample:
+        """Read a sample; ValueError (saying what) when it is not one."""
+        if not isinstance(sample, Mapping):
+            raise ValueError("not a JSON object")
+
+        def number(key: str) -> float | None:
+            v = sample.get(key)
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{key} is {v!r}, not a number")
+            return v  # as written: an int stays an int, so a verdict's maxima read back byte for byte
+
+        context = sample.get("context")
+        return cls(str(sample.get("kind", "")), str(sample.get("responder", "")), str(sample.get("scenario", "")),
+                   str(sample.get("session", "")), None if context is None else str(context), number("ms"),
+                   number("turn_ms"), bool(sample.get("kept")))
+
+    @property
+    def run(self) -> str:
+        """The run it belongs to: responder and network scenario."""
+        return f"{self.responder} / {self.scenario}"
+
+    @property
+    def cell(self) -> str:
+        """Its certification cell: responder, mutation context, network strategy."""
+        return f"{self.responder} / {self.context} / {self.scenario}"
+
+
+def canonical(obj: object) -> bytes:
     """The one byte string a JSON value signs as: sorted keys, no spaces, ASCII."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
-def leaf_hash(sample: dict[str, Any]) -> bytes:
+def leaf_hash(sample: object) -> bytes:
     return hashlib.sha256(b"\x00" + canonical(sample)).digest()
 
 
@@ -46,83 +93,79 @@ def merkle_root(leaves: list[bytes]) -> bytes:
     return hashlib.sha256(b"\x01" + merkle_root(leaves[:k]) + merkle_root(leaves[k:])).digest()
 
 
-def version_of(report: dict[str, Any]) -> int:
+def version_of(report: Mapping[str, object]) -> int:
     """The LST definitions a report was made under: ``header.lst_version`` (v3 on), else the
     version named in ``header.lst_definitions`` (v2 reports), else 2."""
-    header = report.get("header") or {}
-    if isinstance(header.get("lst_version"), int):
-        return header["lst_version"]
+    header = report.get("header")
+    header = header if isinstance(header, Mapping) else {}
+    version = header.get("lst_version")
+    if isinstance(version, int):
+        return version
     words = str(header.get("lst_definitions", "")).split()
     return int(words[-1]) if words and words[-1].isdigit() else 2
 
 
-def verdict_of(samples: list[dict[str, Any]], version: int = LST_VERSION) -> dict[str, Any]:
+def verdict_of(samples: Sequence[Mapping[str, object]], version: int = LST_VERSION) -> JSONObject:
     """The verdict the samples support, by the rules of ``version``: LST figures and tier overall and
     per run (responder / scenario), turn latency; from v3 on also SEQ-Integrity (``seq`` samples)
     and, where samples name their mutation context, per cell (responder / context / network).
-    ITL streams are one session's ITLs in sample order (as its meter saw them)."""
+    ITL streams are one session's ITLs in sample order (as its meter saw them). ValueError when a
+    sample cannot be read."""
+    judged = [JudgedSample.of(s) for s in samples]
     if version <= 2:
-        return _verdict_v2(samples)
-    return _verdict_v3(samples)
+        return _verdict_v2(judged)
+    return _verdict_v3(judged)
 
 
-def _judge(group: list[dict[str, Any]], version: int) -> dict[str, Any]:
+def _judge(group: list[JudgedSample], version: int) -> JSONObject:
     streams: dict[str, list[float]] = {}
     for s in group:
-        if s["kind"] == "itl":
-            streams.setdefault(f"{_run(s)}/{s['session']}", []).append(s["ms"])
-    out = judge_samples([s["ms"] for s in group if s["kind"] == "ttft"], list(streams.values()), version)
-    turns = [s["turn_ms"] for s in group if s["kind"] == "ttft" and s.get("turn_ms") is not None]
+        if s.kind == "itl" and s.ms is not None:
+            streams.setdefault(f"{s.run}/{s.session}", []).append(s.ms)
+    out: JSONObject = dict(judge_samples([s.ms for s in group if s.kind == "ttft" and s.ms is not None],
+                                         list(streams.values()), version))
+    turns = [s.turn_ms for s in group if s.kind == "ttft" and s.turn_ms is not None]
     for q in (50, 95):
         v = percentile(turns, q)
         out[f"turn_ms_p{q}"] = None if v is None else round(v, 3)
     return out
 
 
-def _verdict_v2(samples: list[dict[str, Any]]) -> dict[str, Any]:
+def _verdict_v2(samples: list[JudgedSample]) -> JSONObject:
     """Version 2's verdict, byte for byte as v2 wrote it (old certificates verify unchanged)."""
     verdict = _judge(samples, 2)
-    runs = sorted({_run(s) for s in samples})
-    verdict["by_scenario"] = {name: _judge([s for s in samples if _run(s) == name], 2) for name in runs}
+    runs = sorted({s.run for s in samples})
+    verdict["by_scenario"] = {name: _judge([s for s in samples if s.run == name], 2) for name in runs}
     return verdict
 
 
-def _verdict_v3(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    def judge(group: list[dict[str, Any]]) -> dict[str, Any]:
+def _verdict_v3(samples: list[JudgedSample]) -> JSONObject:
+    def judge(group: list[JudgedSample]) -> JSONObject:
         out = _judge(group, 3)
-        seq = [s for s in group if s["kind"] == "seq"]
+        seq = [s for s in group if s.kind == "seq"]
         out["seq_answers"] = len(seq)
-        out["seq_integrity"] = round(sum(bool(s["kept"]) for s in seq) / len(seq), 4) if seq else None
+        out["seq_integrity"] = round(sum(s.kept for s in seq) / len(seq), 4) if seq else None
         return out
 
     verdict = judge(samples)
-    runs = sorted({_run(s) for s in samples})
-    verdict["by_scenario"] = {name: judge([s for s in samples if _run(s) == name]) for name in runs}
-    cells = sorted({_cell(s) for s in samples if s.get("context")})
+    runs = sorted({s.run for s in samples})
+    verdict["by_scenario"] = {name: judge([s for s in samples if s.run == name]) for name in runs}
+    cells = sorted({s.cell for s in samples if s.context})
     if cells:
-        verdict["by_cell"] = {name: judge([s for s in samples if _cell(s) == name]) for name in cells}
+        verdict["by_cell"] = {name: judge([s for s in samples if s.cell == name]) for name in cells}
     return verdict
 
 
-def _cell(sample: dict[str, Any]) -> str:
-    """A certification cell: responder, mutation context, network strategy."""
-    return f"{sample['responder']} / {sample.get('context')} / {sample['scenario']}"
+def _signed_part(report: Mapping[str, object]) -> bytes:
+    return canonical({k: report.get(k) for k in ("format", "header", "merkle_root", "verdict")})
 
 
-def _run(sample: dict[str, Any]) -> str:
-    """The run a sample belongs to: responder and network scenario."""
-    return f"{sample['responder']} / {sample['scenario']}"
-
-
-def _signed_part(report: dict[str, Any]) -> bytes:
-    return canonical({k: report[k] for k in ("format", "header", "merkle_root", "verdict")})
-
-
-def build_report(header: dict[str, Any], samples: list[dict[str, Any]], key: Ed25519PrivateKey) -> dict[str, Any]:
+def build_report(header: JSONObject, samples: Sequence[JSONObject], key: Ed25519PrivateKey) -> JSONObject:
     """The signed report: samples, their leaf hashes, the root, the verdict, the signature."""
     leaves = [leaf_hash(s) for s in samples]
-    report = {"format": FORMAT, "header": header, "samples": samples, "leaf_hashes": [h.hex() for h in leaves],
-              "merkle_root": merkle_root(leaves).hex(), "verdict": verdict_of(samples, version_of({"header": header}))}
+    report: JSONObject = {"format": FORMAT, "header": header, "samples": list(samples),
+                          "leaf_hashes": [h.hex() for h in leaves], "merkle_root": merkle_root(leaves).hex(),
+                          "verdict": verdict_of(samples, version_of({"header": header}))}
     public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     report["signature"] = {"algorithm": "ed25519", "public_key": public.hex(),
                            "value": key.sign(_signed_part(report)).hex()}
@@ -135,12 +178,19 @@ class Verification:
     problems: tuple[str, ...]
 
 
-def verify_report(report: dict[str, Any], public_key: Ed25519PublicKey) -> Verification:
+def verify_report(report: Mapping[str, object], public_key: Ed25519PublicKey) -> Verification:
     """Every check, in order; ``problems`` says what failed in words."""
     problems: list[str] = []
     if report.get("format") != FORMAT:
         return Verification(False, (f"not a {FORMAT} report (format {report.get('format')!r})",))
     samples, stored = report.get("samples", []), report.get("leaf_hashes", [])
+    if not isinstance(samples, list) or not isinstance(stored, list):
+        return Verification(False, ("the report's samples or leaf hashes are not lists",))
+    for i, sample in enumerate(samples):
+        try:
+            JudgedSample.of(sample)
+        except ValueError as exc:
+            return Verification(False, (f"sample {i} is not a sample: {exc}",))
     if len(samples) != len(stored):
         problems.append(f"{len(samples)} samples but {len(stored)} leaf hashes: a sample was added or removed")
     leaves = []
@@ -156,11 +206,13 @@ def verify_report(report: dict[str, Any], public_key: Ed25519PublicKey) -> Verif
         problems.append(f"the samples' Merkle root {root[:16]}… is not the report's {stated_root}…")
     expected = verdict_of(samples, version_of(report))
     if canonical(expected) != canonical(report.get("verdict")):
-        stated = (report.get("verdict") or {}).get("tier")
+        given = report.get("verdict")
+        stated = given.get("tier") if isinstance(given, Mapping) else None
         problems.append(f"the verdict does not follow from the samples (they give tier {expected['tier']}, "
                         f"TTFT99 {expected['ttft_ms_p99']} ms, jitter {expected['jitter_ms']} ms; "
                         f"the report says tier {stated})")
-    sig = report.get("signature") or {}
+    sig = report.get("signature")
+    sig = sig if isinstance(sig, Mapping) else {}
     try:
         public_key.verify(bytes.fromhex(str(sig.get("value", ""))), _signed_part(report))
     except (InvalidSignature, ValueError):

@@ -1,19 +1,14 @@
 """``synchrony certify`` and ``synchrony verify``: an LST certification run and its signed report.
 
-certify streams a standard workload to a server over real WebRTC (one ``app.loadtest.peer.WhipPeer`` per
-network strategy, in this process), keeps every raw LST sample (``app.loadtest.cells``: TTFT as the
-server measured it, ITL as the receiving peer saw it, SEQ-Integrity against the stand-in's log), and
-writes ``certificate.json`` (samples as Merkle leaves, root + verdict signed with the operator's
-Ed25519 key; ``app.loadtest.certificate``) and ``certificate.html`` (plots). The workload:
-
-* turns spoken by a talking face (generated speech with known word times), each in a mutation
-  context: plain turns (one cut short mid-sentence), a turn whose answer calls a tool, a turn
-  inserted while the previous answer streams (asking for a tool-only answer), a long turn; the first
-  pass on a freshly started server is the cold start;
-* every ``--netem`` network strategy (``cells.NETWORKS``: clean, loss+jitter, delay-mutation, or any
-  ``app.loadtest.netem`` spec); with ``--spawn-server`` a fresh server per responder and strategy;
-* every ``--responder`` (``openai`` talks to a local stand-in, ``app.loadtest.llm_standin``, whose own
-  TTFT is ``--standin-ttft-ms``). Each answer is paced by the policy the server's load controller picks.
+certify streams a workload to a server over real WebRTC (one ``WhipPeer`` per network strategy),
+keeps every raw LST sample (``app.loadtest.cells``: TTFT at the server, ITL at the receiving peer,
+SEQ-Integrity against the stand-in's log) and writes ``certificate.json`` (samples as Merkle leaves,
+root + verdict signed with the operator's Ed25519 key; ``app.loadtest.certificate``) and
+``certificate.html``. The workload: turns spoken by a talking face, each in a mutation context
+(plain, cut short, tool call, insertion, and the load step and truncation driven through the face:
+``app.loadtest.stepclip``; the first pass on a fresh server is the cold start), under every
+``--netem`` strategy (``cells.NETWORKS``), for every ``--responder`` (``openai`` talks to the local
+stand-in, ``app.loadtest.llm_standin``). Each answer is paced by the server's own load controller.
 
 verify recomputes the leaves, the root and the verdict and checks the signature; exit 0 valid, 1
 not (with the reasons), 2 unreadable input.
@@ -31,14 +26,20 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from alignment.lst import LST_VERSION, TIER_NAMES, tier_rank
 from alignment.types import SAMPLE_RATE
-from app.loadtest import certificate
-from app.loadtest.cells import CONTEXTS, NETWORKS, netem_spec, samples_v3
+from app.loadtest import certificate, stepclip
+from app.loadtest.cells import CONTEXTS, NETWORKS, Sample, netem_spec, samples_v3
+from app.loadtest.certificate import JSONObject
+
+if TYPE_CHECKING:
+    from app.loadtest.llm_standin import StandInLLM
+    from app.loadtest.peer import ReceivedEvent
+    from app.loadtest.testmedia import AVClip
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
 
@@ -46,13 +47,17 @@ EXIT_OK, EXIT_BELOW, EXIT_USAGE, EXIT_SERVER = 0, 1, 2, 3
 @dataclass(frozen=True)
 class Turn:
     """One user turn of the workload: ``cut`` keeps only this fraction of the speech (cut short);
-    ``context``: the mutation context its answer belongs to (``cells.CONTEXTS``)."""
+    ``context``: the mutation context its answer belongs to (``cells.CONTEXTS``); ``strain``: the
+    face strains to this amount (``app.loadtest.stepclip``) ``strain_after_s`` after the turn's
+    speech ends, while its answer streams, and stays so until the next strain or the clip's end."""
 
     name: str
     text: str
     pause_s: float  # silence after it
     cut: float | None = None
     context: str = "plain"
+    strain: float | None = None
+    strain_after_s: float = 0.8
 
 
 STANDARD_TURNS = (
@@ -63,16 +68,25 @@ STANDARD_TURNS = (
     Turn("inserted while answering", "and should I take an umbrella", 2.5, context="insertion"),
     Turn("long", "I would like to book a table for four people on friday evening somewhere near the river "
                  "and if there is nothing left after seven then saturday would also be fine", 3.0),
+    # the controller reads level 2 mid-answer (rate 12 → 5 tok/s, max_tokens 96: no cut), then level 3
+    # mid the long answer the stand-in gives to "everything" (max_tokens 48 < its ~60 words: cut)
+    Turn("load step", "could you read me the first lines of the letter from the bank", 3.0, context="load step",
+         strain=0.6),
+    Turn("truncated", "now tell me everything about the train times to the coast", 6.0, context="truncation",
+         strain=1.0, strain_after_s=1.5),
 )
 QUICK_TURNS = STANDARD_TURNS[:2]
-WORKLOADS = {"standard": STANDARD_TURNS, "quick": QUICK_TURNS}
+#: The two contexts driven through the face, after one plain turn (the controller's 5 s baseline).
+STEP_TURNS = tuple(t for t in STANDARD_TURNS if t.name in ("plain", "load step", "truncated"))
+WORKLOADS = {"standard": STANDARD_TURNS, "quick": QUICK_TURNS, "steps": STEP_TURNS}
 
 
 @dataclass(frozen=True)
 class Workload:
-    clip: Any  # app.loadtest.testmedia.AVClip
+    clip: AVClip
     turns: tuple[Turn, ...]
     speech_ends: tuple[float, ...]  # clip time at which each turn's speech ends
+    strains: tuple[tuple[float, float], ...] = ()  # (clip time, amount): the face strains from then on
 
 
 def workload_clip(turns: tuple[Turn, ...], fps: float = 25.0, size: tuple[int, int] = (640, 360)) -> Workload:
@@ -80,6 +94,7 @@ def workload_clip(turns: tuple[Turn, ...], fps: float = 25.0, size: tuple[int, i
     from app.loadtest import testmedia
 
     parts, ends, words = [np.zeros(int(0.6 * SAMPLE_RATE), np.float32)], [], []
+    strains: list[tuple[float, float]] = []  # (clip time, amount) from which the face strains
     t = 0.6
     for turn in turns:
         speech = testmedia.synthesize_speech(turn.text)
@@ -94,14 +109,20 @@ def workload_clip(turns: tuple[Turn, ...], fps: float = 25.0, size: tuple[int, i
         audio = audio[:length]
         words += [testmedia.TimedWord(w.text, w.start + t) for w in speech.words if w.start * SAMPLE_RATE < length]
         ends.append(t + length / SAMPLE_RATE)
+        if turn.strain is not None:
+            strains.append((ends[-1] + turn.strain_after_s, turn.strain))
         parts += [audio, np.zeros(int(turn.pause_s * SAMPLE_RATE), np.float32)]
         t += (length + int(turn.pause_s * SAMPLE_RATE)) / SAMPLE_RATE
     audio = np.concatenate(parts).astype(np.float32)
     n_frames = int(len(audio) / SAMPLE_RATE * fps)
-    env = testmedia.speech_envelope(audio, np.arange(n_frames) / fps)
-    frames = testmedia.talking_face_frames(env, size)
+    times = np.arange(n_frames) / fps
+    env = testmedia.speech_envelope(audio, times)
+    amounts = np.zeros(n_frames)
+    for at, amount in strains:
+        amounts[times >= at] = amount
+    frames = stepclip.face_frames(env, amounts, size)
     clip = testmedia.AVClip(audio, frames, fps, tuple(words), " / ".join(tt.text for tt in turns), (), 0.0)
-    return Workload(clip, turns, tuple(ends))
+    return Workload(clip, turns, tuple(ends), tuple(strains))
 
 
 def turn_at(workload: Workload, clip_t: float) -> Turn:
@@ -112,7 +133,7 @@ def turn_at(workload: Workload, clip_t: float) -> Turn:
 
 
 async def run_scenario(url: str, workload: Workload, netem: str, loops: int, seed: int,
-                       token: str | None = None) -> tuple[list[Any], float | None, str | None, dict[str, Any]]:
+                       token: str | None = None) -> tuple[list[ReceivedEvent], float | None, str | None, JSONObject]:
     """One peer streams the workload ``loops`` times under ``netem``; returns its events, t0, session, info."""
     from app.loadtest.netem import NetemLink, parse_profile
     from app.loadtest.peer import WhipPeer
@@ -123,7 +144,7 @@ async def run_scenario(url: str, workload: Workload, netem: str, loops: int, see
     if not profile.is_clean:
         link = NetemLink(profile, seed=seed)
         peer.pc.on("icegatheringstatechange", lambda: link.attach_pc(peer.pc))
-    info: dict[str, Any] = {"netem": netem, "error": None}
+    info: JSONObject = {"netem": netem, "error": None}
     try:
         await asyncio.wait_for(peer.connect(timeout=20.0), 25.0)
         run_s = loops * workload.clip.duration
@@ -143,13 +164,13 @@ async def run_scenario(url: str, workload: Workload, netem: str, loops: int, see
     return peer.events, peer.t0_wall, peer.session_id, info
 
 
-async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[JSONObject, list[Sample]]:
     """Every responder × network strategy; returns the header and the samples (raises ValueError on no server)."""
     from app.loadtest.llm_standin import StandInLLM
 
     workload = await asyncio.to_thread(workload_clip, WORKLOADS[args.workload])
-    samples: list[dict[str, Any]] = []
-    runs: list[dict[str, Any]] = []
+    samples: list[Sample] = []
+    runs: list[JSONObject] = []
     standin = None
     responders = args.responder if args.spawn_server else ["server"]  # --url: whatever it runs
     try:
@@ -185,7 +206,7 @@ async def certify_run(args: argparse.Namespace, out_dir: Path) -> tuple[dict[str
 
 
 async def _one_run(args: argparse.Namespace, out_dir: Path, workload: Workload, responder: str, network: str,
-                   k: int, standin: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                   k: int, standin: StandInLLM | None) -> tuple[list[Sample], JSONObject]:
     """One peer streams the workload to a server (a fresh one with ``--spawn-server``)."""
     from app.loadtest.spawn import SpawnedServer
 
@@ -221,15 +242,28 @@ async def _one_run(args: argparse.Namespace, out_dir: Path, workload: Workload, 
     got = [] if t0 is None else samples_v3(events, t0, context_at, network, responder, session or "?", cold_until,
                                             log)
     info = {"responder": responder, **info, "netem": network, "netem_spec": netem_spec(network),
-            "samples": len(got), "load_avg": [round(x, 2) for x in os.getloadavg()]}
+            "samples": len(got), "load_avg": [round(x, 2) for x in os.getloadavg()],
+            "load_levels": [] if t0 is None else _level_changes(events, t0)}
     lst = info.get("server_lst") or {}
+    print(f"    the server's controller (load events): level changes at client s {info['load_levels'][:12]}")
     print(f"    {len(got)} samples; server: turn-hold p99 {lst.get('hold_ms_p99')} ms, prefetch waste "
           f"{lst.get('prefetch_wasted')} of {lst.get('prefetch_requests')}, own SEQ check {lst.get('seq_integrity')}"
           f"{'; ' + info['error'] if info['error'] else ''}", flush=True)
     return got, info
 
 
-def _server_lst(url: str, token: str | None) -> dict[str, Any]:
+def _level_changes(events: list[ReceivedEvent], t0: float) -> list[tuple[float, int]]:
+    """(client s, level) at each change of the level in the server's ``load`` events: the steps the
+    controller read from the face, as the session saw them."""
+    out: list[tuple[float, int]] = []
+    for ev in events:
+        level = ev.message.get("level") if ev.type == "load" else None
+        if isinstance(level, int) and (not out or out[-1][1] != level):
+            out.append((round(ev.wall - t0, 2), level))
+    return out[:500]
+
+
+def _server_lst(url: str, token: str | None) -> JSONObject:
     """The server's own LST v3 extras after a run: turn-hold, prefetch waste, its SEQ self-check."""
     from app.loadtest.probe import fetch_lst, lst_url
 
@@ -244,7 +278,7 @@ def _server_lst(url: str, token: str | None) -> dict[str, Any]:
 
 # --- HTML ---------------------------------------------------------------------------------------
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: JSONObject) -> str:
     """A self-contained page: the verdict, per-scenario figures, plots of every raw sample."""
     from html import escape
 
@@ -275,7 +309,7 @@ Definitions v{v.get('lst_version')}.</p>
 </body></html>"""
 
 
-def _ttft_svg(samples: list[dict[str, Any]]) -> str:
+def _ttft_svg(samples: list[Sample]) -> str:
     from app.loadtest.report import figure_svg, new_figure
 
     fig, ax = new_figure()
@@ -294,7 +328,7 @@ def _ttft_svg(samples: list[dict[str, Any]]) -> str:
     return figure_svg(fig)
 
 
-def _itl_svg(samples: list[dict[str, Any]]) -> str:
+def _itl_svg(samples: list[Sample]) -> str:
     from app.loadtest.report import figure_svg, new_figure
 
     fig, ax = new_figure()

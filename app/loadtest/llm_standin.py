@@ -6,8 +6,9 @@ without a model. ``POST /v1/chat/completions`` with ``stream: true`` answers Ope
 events: the first content chunk ``ttft_s`` after the request, then one sub-word piece every
 ``1 / tokens_per_s`` s (at most ``max_tokens``: ``finish_reason: length``), then ``[DONE]``. A message
 naming the weather also gets a ``get_weather`` tool call after a few words; one naming an umbrella gets
-a tool call only. Every completion is kept in ``log`` (``StandInAnswer``: what it meant to send and what
-it sent), so SEQ-Integrity can be judged against it. Anything else is a 404/400 JSON error.
+a tool call only; one asking for "everything" a long answer. Every completion is kept in ``log``
+(``StandInAnswer``: what it meant to send and what it sent), so SEQ-Integrity can be judged against it.
+Anything else is a 404/400 JSON error.
 
     python -m app.loadtest.llm_standin --port 8001 --ttft-ms 100
 """
@@ -25,6 +26,8 @@ from alignment.json_types import JsonObject
 from app.loadtest.loopback_http import LoopbackServer
 
 MAX_BODY = 256 * 1024
+#: Words of the long answer to a request for "everything" (more than the load policy's smallest max_tokens).
+LONG_WORDS = 60
 _IDS = itertools.count(1)
 
 
@@ -109,10 +112,14 @@ class StandInLLM(LoopbackServer[_Request]):
 
 
 def _reply(body: JsonObject) -> list[str]:
-    """A short answer that depends on the user's words (so responses differ per turn)."""
+    """A short answer that depends on the user's words (so responses differ per turn); a long one
+    (``LONG_WORDS``) when the user asks for "everything", so a limit lowered mid-answer can cut it."""
     messages = body["messages"]
     user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
-    return ["Sure,", "I", "heard:"] + str(user).split()[:12] + ["Anything", "else?"]
+    said = str(user).split()
+    if "everything" in str(user).lower() and said:
+        return ["Here", "is", "everything:"] + [said[i % len(said)] for i in range(LONG_WORDS)] + ["Anything", "else?"]
+    return ["Sure,", "I", "heard:"] + said[:12] + ["Anything", "else?"]
 
 
 def split_word(word: str) -> list[str]:

@@ -13,39 +13,60 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
 from alignment.seq import SentAnswer, SeqVerdict, check_answer
 from app.loadtest.llm_standin import StandInAnswer
+
+#: The wire's ``utterance`` of a ``response`` (an int from the server; anything JSON from elsewhere).
+Utterance: TypeAlias = int | float | str | bool | None
+#: An answer's key: its utterance, or (utterance, completion id) for a second answer to the same one.
+AnswerKey: TypeAlias = Utterance | tuple[Utterance, str]
 
 
 @dataclass(frozen=True)
 class ClientAnswer:
     """One answer as the client received it."""
 
-    utterance: Any
+    utterance: AnswerKey
     completion: str | None
     words: tuple[tuple[int, str], ...]  # (index, text) in arrival order
     done: bool | None  # response_end said done (True) / cut short (False) / no response_end (None)
 
 
-def client_answers(messages: Iterable[Mapping[str, Any]]) -> list[ClientAnswer]:
-    """Group ``response`` (and ``response_end``) messages by answer, in arrival order."""
-    words: dict[Any, list[tuple[int, str]]] = {}
-    completion: dict[Any, str | None] = {}
-    current: dict[Any, Any] = {}  # utterance → the key of its answer now arriving
-    done: dict[Any, bool] = {}
+def utterance_of(value: object) -> Utterance:
+    """A wire ``utterance`` as a key (a value that is not a JSON scalar: its text)."""
+    return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+
+
+def _index(value: object) -> int:
+    """A word's index; -1 for one that is not a number (it then breaks the order rule, never the check)."""
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return -1
+
+
+def client_answers(messages: Iterable[Mapping[str, object]]) -> list[ClientAnswer]:
+    """Group ``response`` (and ``response_end``) messages (JSON objects) by answer, in arrival order."""
+    words: dict[AnswerKey, list[tuple[int, str]]] = {}
+    completion: dict[AnswerKey, str | None] = {}
+    current: dict[Utterance, AnswerKey] = {}  # utterance → the key of its answer now arriving
+    done: dict[AnswerKey, bool] = {}
     for m in messages:
         if m.get("type") == "response":
-            utt, cid = m.get("utterance"), m.get("completion")
+            utt = utterance_of(m.get("utterance"))
+            cid = m.get("completion")
+            cid = None if cid is None else str(cid)
             key = current.setdefault(utt, utt)
             if cid is not None and completion.get(key) not in (None, cid):
                 key = current[utt] = (utt, cid)  # a second answer to the same utterance
-            words.setdefault(key, []).append((int(m.get("index", -1)), str(m.get("text", ""))))
+            words.setdefault(key, []).append((_index(m.get("index", -1)), str(m.get("text", ""))))
             if cid is not None:
                 completion.setdefault(key, cid)
         elif m.get("type") == "response_end":
-            done[current.get(m.get("answer"), m.get("answer"))] = m.get("reason") == "done"
+            answer = utterance_of(m.get("answer"))
+            done[current.get(answer, answer)] = m.get("reason") == "done"
     return [ClientAnswer(k, completion.get(k), tuple(w), done.get(k)) for k, w in words.items()]
 
 
