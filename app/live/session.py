@@ -1,25 +1,17 @@
 """One live WebRTC session: incoming tracks → one clock → stages → events and a 16 fps video back.
 
-:class:`Session` owns the parts and wires them; each does one job:
+:class:`Session` builds its stages (each given what it needs in its constructor) and each does one job:
+ingest (``app.live.ingest``: tracks onto the session clock); AU (``app.live.au``: latest frame → AUs
+→ load controller → ``au`` / ``load``); words (``app.live.words``: audio → ASR → ``token`` events
+placed on output frames, then Level-3 ``sync``); response (``app.live.response``: turn ends → the
+responder → paced ``response`` tokens → ``lst``); output (``app.live.output``: frame k drawn
+``output_delay_s`` after camera time k/16, so its words are usually known); answer (``app.live.answer``:
+the spoken answer and its avatar in one MediaStream, every mic chunk through the barge-in detector
+first). docs/ARCHITECTURE.md follows a word through them.
 
-* ingest (``app.live.ingest``): camera and microphone onto the session clock;
-* AU (``app.live.au``): latest camera frame → face AUs → load controller, in a worker thread →
-  ``au`` / ``load`` events;
-* words (``app.live.words``): audio → the shared ASR → ``token`` events placed on output frames
-  (16 fps, ±40 ms) → Level-3 validator → ``sync`` events;
-* response (``app.live.response``): turn ends → the responder → paced ``response`` tokens → ``lst``;
-* output (``app.live.output``): frame k rendered ``output_delay_s`` after camera time k/16 reached
-  the server, so the words that belong on frame k are (usually) known when it is drawn; a word that
-  arrives later is drawn on the next frame and its ``frames`` / ``sync`` say so;
-* answer (``app.live.answer``, where the server has a voice): the answer spoken on the audio m-line
-  and its avatar on a second video m-line when the client offered one, both in one MediaStream;
-  every mic chunk goes through the barge-in detector (the answer's echo removed) before the ASR
-  and the turn detector, and the user speaking over an answer stops it;
-* events (``app.live.events``): the typed wire events; metrics (``app.live.observe``) watch beside.
-
-A stage that fails degrades only its own session (an ``error`` event and a log line, the rest goes
-on); losing the media or the connection ends the session. Stages the server could not load are
-simply absent: the session never invents their events.
+A stage that fails degrades only its own session (an ``error`` event and a log line); losing the media
+or the connection ends the session. Stages the server could not load are absent: the session never
+invents their events.
 """
 
 from __future__ import annotations

@@ -218,24 +218,15 @@ def _engine_copy(engine: Engine) -> Engine:
 
 
 class ASRWorker:
-    """Many sessions on ``lanes`` worker threads, earliest deadline first, bounded queues.
+    """Many sessions on ``lanes`` workers, earliest deadline first, bounded queues.
 
-    Each turn takes one session's queued chunks (at most ``max_chunks_per_turn``), feeds them to
-    its :class:`StreamingASR` (which decodes at most once per feed), and hands events to that
-    session's asyncio queue on its event loop. Audio that cannot change the recogniser's output
-    (it ends before :meth:`StreamingASR.quiet_until`) is held, not a turn of its own, and fed one
-    chunk at a time with the next turn: the same events, about one turn a decode instead of one
-    per 20 ms chunk (each turn wakes a lane, and a lane process for a pipe round trip).
-    With ``lanes`` > 1 each lane is a thread with its own copy of the model (forward passes on one
-    model are serialised), so decodes of different sessions run on separate cores; a session is
-    served by one lane at a time, by whichever is free (the streaming state is engine-independent:
-    the copies hold the same weights).
-
-    ``processes=True``: each lane is a child process (:class:`ProcessLane`, loading ``whisper_path`` or
-    the default model) and each stream is pinned, at ``open``, to the lane with the fewest streams
-    (its recogniser state lives in that child). Same decodes and events, without the interpreter
-    lock shared with the server's other threads. ``started_lanes``: children already loading
-    (``app.live.asr_prestart``), adopted as the first lanes.
+    Each turn feeds one session's queued chunks (at most ``max_chunks_per_turn``) to its recogniser and
+    hands the events to that session's queue on its event loop. Audio that cannot change the output (it
+    ends before :meth:`StreamingASR.quiet_until`) rides along with the next turn instead of waking a lane
+    for every 20 ms chunk. Lanes are threads, each with its own copy of the model (forward passes on one
+    model are serialised), or with ``processes=True`` child processes (:class:`ProcessLane`) free of the
+    server's interpreter lock; a stream is pinned at ``open`` to the lane with the fewest streams, whose
+    recogniser holds its state. ``started_lanes``: children already loading (``app.live.asr_prestart``).
     """
 
     def __init__(
