@@ -170,7 +170,7 @@ def voice():
     from app.live.warmup import WarmState, _warm_voice
 
     state = WarmState()
-    _warm_voice(ServerConfig(ui=False, tts="festival"), state)
+    _warm_voice(ServerConfig.in_process(ui=False, tts="festival"), state)
     return state.stages.voice
 
 
