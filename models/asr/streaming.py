@@ -337,7 +337,10 @@ class StreamingASR:
             cut = max(done - 0.1, 0.0)
             prompt = (self._prompt + "".join(w.raw for w in self._committed)).strip()
             rest = self.engine.transcribe(audio[int(cut * SAMPLE_RATE) :], prompt=prompt)
-            words = [replace(w, start=w.start + cut, end=w.end + cut) for w in rest if w.end + cut > done + 0.1]
+            # (with only carried words before it, a word past the carried audio is new: the DTW may snap it to the cut)
+            fresh = self._lead + 0.1 if self._lead and not self._live_finals else float("inf")
+            words = [replace(w, start=w.start + cut, end=w.end + cut) for w in rest
+                     if w.start + cut >= done - 0.05 or w.end + cut > fresh]
             carried = {w.key for w in self._committed if w.start < self._lead}
             if len(words) >= 2 and all(w.key in carried for w in words[:2]):
                 # The new speech repeats the carried words, and the forced carry made the
