@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from alignment.evidence import OffsetEstimate
+from alignment.json_types import JsonObject
 from alignment.onsets import onset_window_ms
 from alignment.types import SyncCheck, WordToken
 
@@ -64,7 +64,7 @@ class Level3Summary:
     def pass_rate(self) -> float | None:
         return self.passed / self.checked if self.checked else None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {
             "checked": self.checked,
             "passed": self.passed,
@@ -185,7 +185,7 @@ def _finite(x: float, ndigits: int) -> float | None:
     return round(x, ndigits) if math.isfinite(x) else None
 
 
-def sync_event(check: SyncCheck) -> dict[str, Any]:
+def sync_event(check: SyncCheck) -> JsonObject:
     """The wire ``sync`` message for a check (JSON-safe: NaN/inf become null)."""
     return {
         "type": "sync",

@@ -1,23 +1,16 @@
 """Word-timing refinement: put each recognised word where it was said, by forced alignment.
 
-Whisper's DTW word timestamps on connected speech are ~110 ms off on average (late, the first word
-snapped to the segment start). The recognised words are aligned phone by phone to the audio with
-a human-speech acoustic model (:mod:`alignment.forced`, PocketSphinx's en-us HMMs, trained on many
-speakers), so the times hold whatever the speaker sounds like. Where it finds no path (words that
-were not said), Whisper's estimates are kept, and the word is marked as not placed: the streaming
-recogniser takes that as a word the audio does not support (:mod:`alignment.support`).
+Whisper's word timestamps on connected speech run late (the first word snaps to the segment start),
+so the recognised words are aligned phone by phone to the audio with a human-speech acoustic model
+(:mod:`alignment.forced`, PocketSphinx's en-us HMMs), which holds whatever the speaker sounds like.
+Where it finds no path (words not said), Whisper's estimate is kept and the word is marked not
+placed: the streaming recogniser treats it as unsupported (:mod:`alignment.support`). A refined time
+more than MAX_SHIFT_S from the estimate is rejected (a dropped word can pull the next one onto it).
 
-A refined time over MAX_SHIFT_S from Whisper's estimate is rejected in favour of the estimate
-(a dropped word can pull the next one onto it).
-
-Streaming: with ``lookahead_s``, a call's times are computed from audio that ends at the last
-word's ``end + lookahead_s`` (Whisper's estimate; a streaming recogniser makes words final only
-once audio past their end is in, so this costs no waiting), never later. A streaming recogniser
-emits finals one or two at a time, so `models.asr.StreamingASR` puts the utterance's last two
-final words before them (``context``, not aligned again): a one- or two-word text matches any
-similar stretch of audio. After them it puts its next interim word (``follow``, not returned): the
-look-ahead audio mostly holds that word's start, and a text that ended at the last final word made
-the alignment stretch that word over it.
+Streaming (``lookahead_s``): times come from audio ending at the last word's end + look-ahead, never
+later. The utterance's last two finals go before the new words as ``context`` (a one-word text
+matches any similar stretch of audio), and the next interim word after them as ``follow`` (the
+look-ahead audio mostly holds its start; without it the last word is stretched over it).
 """
 
 from __future__ import annotations

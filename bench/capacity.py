@@ -87,7 +87,7 @@ def measure(label: str, code_dir: Path | None, args: argparse.Namespace, out_dir
         specs = config.plan_peers(args.peers, min(args.workers, args.peers), args.stagger, {}, "clean")
         load_before = os.getloadavg()
         stages0, cpu0 = stage_cpu(server.url), server_cpu_s(proc)
-        rnd = rounds.run_round(specs, cfg, server.proc.pid)
+        rnd = rounds.run_round(specs, cfg, server.proc.pid).to_json()
         cpu1, stages1 = server_cpu_s(proc), stage_cpu(server.url)
         readyz = httpx.get(server.url.replace("/whip", "/readyz"), timeout=5).json()
     finally:

@@ -61,7 +61,7 @@ def run_peers(url: str, n: int, duration_s: float, seed: int) -> dict[str, Any]:
     """One load-test round of ``n`` peers against ``url`` (blocking); the round dict, load average added."""
     cfg = RoundConfig(url=url, duration_s=duration_s, seed=seed)
     before = _load()
-    rnd = run_round(plan_peers(n, min(WORKERS, n), 0.5, {}, "clean"), cfg, None)
+    rnd = run_round(plan_peers(n, min(WORKERS, n), 0.5, {}, "clean"), cfg, None).to_json()
     rnd["load_avg"] = [before, _load()]
     return rnd
 

@@ -103,11 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=12)
     ap.add_argument("--start", type=int, default=0, help="skip the first START sessions")
+    ap.add_argument("--part", choices=("all", "tuning", "heldout"), default="all",
+                    help="the json's split: the tuning speakers, the held-out ones, or all")
     args = ap.parse_args(argv)
-    print(f"$ python bench/isolated_words.py --sessions {args.sessions} --start {args.start}")
+    print(f"$ python bench/isolated_words.py --sessions {args.sessions} --start {args.start} --part {args.part}")
     print(f"load average {os.getloadavg()[0]:.1f} at start")
     data = json.loads(DATA.read_text())
-    clips = [(c, a) for c in data["clips"] if (a := load(c["source"])) is not None]
+    speakers = set(data["split"][args.part]) if args.part != "all" else None
+    clips = [(c, a) for c in data["clips"]
+             if (speakers is None or c.get("speaker") in speakers) and (a := load(c["source"])) is not None]
     leads = [a for s in LEADS if (a := load(s)) is not None]
     if not clips or not leads:
         print("no clips available")

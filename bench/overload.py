@@ -55,7 +55,7 @@ def one_round(label: str, code_dir: Path | None, args: argparse.Namespace, out_d
         load = os.getloadavg()[0]
         hogs = hog_later(args.hog_at, args.hog_s, args.hogs)
         try:
-            rnd = rounds.run_round(specs, cfg, server.proc.pid)
+            rnd = rounds.run_round(specs, cfg, server.proc.pid).to_json()
         finally:
             for h in hogs:
                 h.kill()

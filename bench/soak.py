@@ -18,7 +18,7 @@ Phases and targets (each printed with PASS/FAIL):
     40±20 ms jitter, both directions). Sampled every ``--interval`` s: RSS, queues, drops. PASS:
     server alive, no session lost, no stage error; RSS over the second half grows ≤ 20 MB; no queue
     grows (the ASR queue stays within its bound and the second half's peak ≤ 1.5× the first half's +
-    one chunk); events still flow in the last interval.
+    one chunk); no stage's mean latency grows (second half ≤ 1.5× the first + 50 ms); events still flow.
 
 Usage: .venv/bin/python bench/soak.py [--cycles 200] [--minutes 10] [--peers 2] [--quick] [--json F]
 """
@@ -76,7 +76,24 @@ def install_debug_route(app: FastAPI, path: str = "/debug/resources") -> None:
         q = request.query_params
         return snapshot(app, collect=q.get("gc") == "1", trim=q.get("trim") == "1").as_dict()
 
+    async def allocations(request: Request) -> dict[str, object]:
+        """``?at=start`` keeps a tracemalloc snapshot; ``?at=diff`` lists where memory grew since (by line)."""
+        import gc
+        import tracemalloc
+
+        if not tracemalloc.is_tracing():
+            return {"error": "start the server with PYTHONTRACEMALLOC=1 (bench/soak.py --trace-leaks)"}
+        gc.collect()
+        now = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        if request.query_params.get("at") == "start":
+            app.state.leak_snapshot = now
+            return {"kept": len(now.traces)}
+        stats = now.compare_to(app.state.leak_snapshot, "lineno")
+        return {"grew": [f"{st.size_diff / 1e6:+.2f} MB in {st.count_diff:+d} blocks at {st.traceback}"
+                         for st in stats[:25]]}
+
     app.add_api_route(path, resources, methods=["GET"])
+    app.add_api_route(path + "/allocations", allocations, methods=["GET"])
 
 
 def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:
@@ -105,12 +122,13 @@ def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:
 class ServerProcess:
     """Start the child server and wait until /readyz says every model is warm."""
 
-    def __init__(self, max_sessions: int, media_timeout_s: float) -> None:
+    def __init__(self, max_sessions: int, media_timeout_s: float, trace_leaks: bool = False) -> None:
         self.port_file = tempfile.NamedTemporaryFile(prefix="soak-", suffix=".url", delete=False).name
         Path(self.port_file).write_text("")
+        env = {**os.environ, "PYTHONTRACEMALLOC": "1"} if trace_leaks else None
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--serve", self.port_file, "--max-sessions", str(max_sessions),
-             "--media-timeout", str(media_timeout_s)], cwd=ROOT)
+             "--media-timeout", str(media_timeout_s)], cwd=ROOT, env=env)
         self.base = ""
 
     async def start(self, timeout: float = 300.0) -> float:
@@ -161,6 +179,29 @@ async def metrics(base: str) -> dict[str, float]:
 
 def _select(m: dict[str, float], prefix: str) -> dict[str, float]:
     return {k[len(prefix):].strip("{}"): v for k, v in m.items() if k.startswith(prefix)}
+
+
+#: Stage latencies the soak follows per interval (the server's histograms; ``au``: camera frame → ``au`` event,
+#: ``token_*``: a word's end → its token event, ``render``: camera time → frame out).
+LATENCY_STAGES = ("au", "token_interim", "token_final", "render")
+LATENCY_GROWTH = 1.5  # the second half's mean latency of a stage may be at most this × the first half's + 50 ms
+
+
+def _stage_totals(m: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """Per stage, the latency histogram's (sum, count) so far."""
+    sums = _select(m, "synchrony_stage_latency_seconds_sum")
+    counts = _select(m, "synchrony_stage_latency_seconds_count")
+    return {st: (sums.get(f'stage="{st}"', 0.0), counts.get(f'stage="{st}"', 0.0)) for st in LATENCY_STAGES}
+
+
+def _interval_means(now: dict[str, tuple[float, float]], before: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Mean latency (ms) per stage over one interval; a stage with no event in it is left out."""
+    out = {}
+    for st, (total, n) in now.items():
+        d_sum, d_n = total - before[st][0], n - before[st][1]
+        if d_n > 0:
+            out[st] = round(1000 * d_sum / d_n, 1)
+    return out
 
 
 async def settled(base: str, baseline: dict[str, Any] | None = None, timeout: float = 20.0) -> dict[str, Any]:
@@ -218,11 +259,13 @@ async def one_cycle(url: str, clip: Any) -> float:
     return time.monotonic() - t0
 
 
-async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str, Any]:
+async def phase_cycles(base: str, clip: Any, n: int, parallel: int, trace_leaks: bool = False) -> dict[str, Any]:
     url = f"{base}/whip"
     for _ in range(10):  # warm: first sessions fill caches (codecs, MediaPipe graphs, oneDNN primitives)
         await asyncio.gather(*(one_cycle(url, clip) for _ in range(parallel)))
     before = await settled(base)
+    if trace_leaks:
+        await _allocations(base, "start")
     times: list[float] = []
     failures: list[str] = []
     checkpoints: list[tuple[int, float]] = [(0, before["rss_mb"])]
@@ -244,6 +287,9 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str,
                   f"tasks {r['tasks']}, {time.monotonic() - t0:.0f} s", flush=True)
     after = await settled(base, before)
     checkpoints.append((n, after["rss_mb"]))
+    if trace_leaks:
+        for line in (await _allocations(base, "diff")).get("grew", []):
+            print(f"  grew: {line}", flush=True)
     growth = after["rss_mb"] - before["rss_mb"]
     trend = _trend(checkpoints) * n
     held = after["rss_trimmed_mb"] - before["rss_trimmed_mb"]
@@ -260,6 +306,11 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int) -> dict[str,
             "leaked": leaks, "new_threads": new_threads,
             "cycle_s_p50": round(times[len(times) // 2], 2) if times else None,
             "wall_s": round(time.monotonic() - t0, 1)}
+
+
+async def _allocations(base: str, at: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=base, timeout=120.0) as c:
+        return (await c.get("/debug/resources/allocations", params={"at": at})).json()
 
 
 def _trend(points: list[tuple[int, float]]) -> float:
@@ -325,11 +376,14 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
     lost: list[str] = []
     client_lag = LoopLag(window_s=interval)
     lag_watch = asyncio.create_task(client_lag.watch())
+    totals = _stage_totals(await metrics(base))
     try:
         while True:
             now = time.monotonic()
             r = await resources(base)
             m = await metrics(base)
+            latest = _stage_totals(m)
+            latency_ms, totals = _interval_means(latest, totals), latest
             events = sum(len(p.events) for p in live)
             frames = sum(p.frames_received for p in live)
             per_session = []
@@ -347,7 +401,7 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
                             "tokens_held": r["tokens_held"], "frame_words": r["frame_words"],
                             "channel_buffered": r["channel_buffered"],
                             "drops": _select(m, "synchrony_drops_total"), "events": events, "frames": frames,
-                            "per_session": per_session,
+                            "per_session": per_session, "latency_ms": latency_ms,
                             "loop_lag_s": {"server": round(m.get("synchrony_event_loop_lag_max_seconds", -1.0), 3),
                                            "client": round(client_lag.max_s(), 3)},
                             "loop_stalls": {"server": m.get("synchrony_event_loop_stall_count", -1.0),
@@ -358,7 +412,8 @@ async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval:
                   f"{s['asr_queued_s']:.2f} s, camera {s['camera_frames']}, tokens {s['tokens_held']}, "
                   f"events {events}, frames {frames}, drops {sum(s['drops'].values()):.0f}; per session "
                   f"{[(x['frames_received'], x['frames_sent']) for x in per_session]}; loop lag max "
-                  f"server {s['loop_lag_s']['server']:.2f} s, client {s['loop_lag_s']['client']:.2f} s", flush=True)
+                  f"server {s['loop_lag_s']['server']:.2f} s, client {s['loop_lag_s']['client']:.2f} s; latency ms "
+                  f"{s['latency_ms']}", flush=True)
             for p in live:
                 if p.pc.connectionState in ("failed", "closed") and p.session_id not in lost:
                     lost.append(str(p.session_id))
@@ -390,16 +445,33 @@ def _soak_verdict(samples: list[dict[str, Any]], m: dict[str, float], lost: list
         samples[-1]["frames"] > samples[-2]["frames"]
     abnormal = {k: v for k, v in ended.items() if "client DELETE" not in k and v > 0}
     loss = [round(ls[d]["loss_rate"], 4) for ls in link_stats for d in ("up", "down") if "loss_rate" in ls[d]]
+    latency = _latency_halves(first, second)
     ok = (not lost and not abnormal and not errors and rss_growth <= RSS_GROWTH_MB and flowing
+          and not any(v["grows"] for v in latency.values())
           and not any(q["grows"] for q in queues.values())
           and all(s["sessions"] == peers for s in samples))
     return {"ok": ok, "peers": peers, "minutes": minutes, "netem": netem, "measured_loss": loss,
             "samples": len(samples), "rss_first_mb": samples[0]["rss_mb"], "rss_last_mb": samples[-1]["rss_mb"],
             "rss_max_mb": max(s["rss_mb"] for s in samples), "rss_growth_second_half_mb": round(rss_growth, 2),
-            "queues": queues, "drops": samples[-1]["drops"], "sessions_lost": lost, "ended": ended,
+            "queues": queues, "latency_ms": latency, "drops": samples[-1]["drops"], "sessions_lost": lost,
+            "ended": ended,
             "loop_lag_max_s": {side: max(s["loop_lag_s"][side] for s in samples) for side in ("server", "client")},
             "loop_stalls": samples[-1]["loop_stalls"],
             "stage_errors": errors, "events_flowing_at_end": flowing, "timeline": samples}
+
+
+def _latency_halves(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per stage, the mean of the interval means in each half, and whether the second half's grew."""
+    out = {}
+    for st in LATENCY_STAGES:
+        a = [s["latency_ms"][st] for s in first if st in s["latency_ms"]]
+        b = [s["latency_ms"][st] for s in second if st in s["latency_ms"]]
+        if not a or not b:
+            continue
+        mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+        out[st] = {"first_half_ms": round(mean_a, 1), "second_half_ms": round(mean_b, 1),
+                   "max_interval_ms": max(a + b), "grows": mean_b > LATENCY_GROWTH * mean_a + 50.0}
+    return out
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -407,7 +479,7 @@ def _soak_verdict(samples: list[dict[str, Any]], m: dict[str, float], lost: list
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     load0 = os.getloadavg()
-    server = ServerProcess(max(args.peers, args.parallel) + 1, args.media_timeout)
+    server = ServerProcess(max(args.peers, args.parallel) + 1, args.media_timeout, args.trace_leaks)
     try:
         ready_s = await server.start()
         print(f"server ready in {ready_s:.1f} s at {server.base}", flush=True)
@@ -415,7 +487,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out: dict[str, Any] = {"ready_s": round(ready_s, 1)}
         if args.cycles:
             print(f"cycles: {args.cycles} connect/disconnect ({args.parallel} at a time) ...", flush=True)
-            out["cycles"] = await phase_cycles(server.base, clip, args.cycles, args.parallel)
+            out["cycles"] = await phase_cycles(server.base, clip, args.cycles, args.parallel, args.trace_leaks)
         if not args.no_vanish:
             print("vanish: SIGKILL a peer mid-session ...", flush=True)
             out["vanish"] = await phase_vanish(server.base, args.media_timeout)
@@ -462,6 +534,9 @@ def report(out: dict[str, Any], command: str) -> bool:
         for q, v in s["queues"].items():
             print(f"          {q}: first-half max {v['first_half_max']}, second-half max {v['second_half_max']} "
                   f"(limit {v['limit']})")
+        for st, v in s["latency_ms"].items():
+            print(f"          latency {st}: mean {v['first_half_ms']} → {v['second_half_ms']} ms (first → second half; "
+                  f"worst interval {v['max_interval_ms']} ms; grows {v['grows']})")
         ok &= s["ok"]
     print(f"overall {verdict(ok)}")
     return ok
@@ -477,6 +552,8 @@ def main() -> None:
     p.add_argument("--netem", default=DEFAULT_NETEM)
     p.add_argument("--media-timeout", type=float, default=5.0, help="server's reaping timeout, s")
     p.add_argument("--no-vanish", action="store_true")
+    p.add_argument("--trace-leaks", action="store_true",
+                   help="run the server under tracemalloc and print where memory grew over the cycles (slow)")
     p.add_argument("--quick", action="store_true", help="20 cycles, a 1-minute soak sampled every 5 s")
     p.add_argument("--json", default=None, help="write the figures (with the soak timeline) here")
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)

@@ -182,7 +182,7 @@ def main() -> int:
         th.start()
         cfg = config.RoundConfig(url=server.url, duration_s=args.duration)
         specs = config.plan_peers(args.peers, 1, 0.5, {}, "clean")
-        rnd = rounds.run_round(specs, cfg, server.proc.pid)
+        rnd = rounds.run_round(specs, cfg, server.proc.pid).to_json()
         stop.set()
         th.join()
     finally:

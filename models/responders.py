@@ -1,20 +1,17 @@
 """Responders: what the session says back, as text tokens, behind one interface.
 
 ``Responder.tokens(utterance, policy, times=None, headers=None, context=None)`` yields raw tokens (at most
-``policy.max_tokens``) as fast as they come; ``Responder.respond(utterance, policy, pacer)`` yields them paced
-(``PacedToken``) at the policy's rate. A ``RequestTimes`` passed to ``tokens`` records when the request's first
-byte was written, when the first content delta was read (LST TTFT, docs/LST.md), the finish reason and the tool
-calls, which are never yielded as text. ``context`` (:class:`Conversation`) holds the earlier turns (what the user
-said and what was delivered of each answer) and the user's load. Three are built in:
+``policy.max_tokens``) as they come; ``Responder.respond(utterance, policy, pacer)`` yields them paced
+(``PacedToken``). A ``RequestTimes`` records the request's first byte written, the first content delta read
+(LST TTFT, docs/LST.md), the finish reason and the tool calls (never yielded as text). ``context``
+(:class:`Conversation`) holds the earlier turns and the user's load. Three are built in:
 
-* ``assistant`` (``synchrony serve``'s default): a small rule-based assistant that needs no LLM. It
-  answers a greeting, "what can you do", the time, thanks and "repeat that", and otherwise says what
-  it heard and the load it saw, briefer under load;
-* ``caption``: the recognised transcript streamed back word by word as live captions (tests, load tests);
-* ``openai``: any OpenAI-compatible streaming chat endpoint (``POST {base_url}/chat/completions``
-  with ``stream: true``, server-sent events), passing ``max_tokens`` and ``temperature``. Every
-  network step has a timeout and the whole response a deadline, so a dead server never hangs a
-  session; failures raise ``ResponderError`` with a message fit for the user.
+* ``assistant`` (``synchrony serve``'s default): a small rule-based assistant that needs no LLM
+  (greetings, "what can you do", the time, thanks, "repeat that"; otherwise what it heard, briefer
+  under load);
+* ``caption``: the recognised transcript streamed back word by word (tests, load tests);
+* ``openai``: any OpenAI-compatible streaming chat endpoint, passing ``max_tokens`` and ``temperature``;
+  every network step has a timeout and the whole response a deadline; failures raise ``ResponderError``.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
@@ -260,7 +256,7 @@ class OpenAIResponder(Responder):
         if self.api_key:
             sent["Authorization"] = f"Bearer {self.api_key}"
 
-        async def trace(event: str, info: Mapping[str, Any]) -> None:  # httpcore's trace extension
+        async def trace(event: str, info: Mapping[str, object]) -> None:  # httpcore's trace extension
             if event == "http11.send_request_headers.started" and times.sent is None:
                 times.sent = time.monotonic()  # the request's first byte is about to be written
 

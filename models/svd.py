@@ -22,11 +22,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from alignment.frames import FPS, frame_pts
+from alignment.json_types import JsonObject
 from alignment.types import AUSample, LoadEstimate, WordToken
 from models.overlay import OverlayRenderer, fit_frame
 from models.render import RendererUnavailable, RenderRequest
@@ -39,6 +40,10 @@ from models.svd_conditioning import (
     word_key,
 )
 
+if TYPE_CHECKING:
+    import torch
+    from diffusers import StableVideoDiffusionPipeline
+
 log = logging.getLogger(__name__)
 
 # --- loading and generation ---------------------------------------------------------------------
@@ -50,8 +55,8 @@ def _default_device() -> str:
 
 
 def load_svd_pipeline(
-    model: str | Path, device: str | None = None, dtype: Any = None, variant: str | None = None
-) -> Any:
+    model: str | Path, device: str | None = None, dtype: torch.dtype | None = None, variant: str | None = None
+) -> StableVideoDiffusionPipeline:
     """A ``StableVideoDiffusionPipeline`` from a local directory or a hub id already in the HF cache.
 
     Never downloads: hub ids resolve with ``local_files_only=True``. Raises ``RendererUnavailable``
@@ -113,8 +118,8 @@ def load_avatar(avatar: str | Path | np.ndarray) -> np.ndarray:
 
 
 def generate_clip(
-    pipe: Any, reference: np.ndarray, cond: ClipConditioning, n_frames: int, gen_size: tuple[int, int],
-    decode_chunk_size: int | None = None,
+    pipe: StableVideoDiffusionPipeline, reference: np.ndarray, cond: ClipConditioning, n_frames: int,
+    gen_size: tuple[int, int], decode_chunk_size: int | None = None,
 ) -> np.ndarray:
     """One clip: (n_frames, h, w, 3) uint8 RGB from ``reference`` under ``cond``."""
     import torch
@@ -207,7 +212,7 @@ class SVDReport:
             return None
         return sum(c.n_frames for c in self.clips) / FPS / max(sum(c.gen_s for c in self.clips), 1e-9)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         rtf = self.rtf_mean
         return {
             "backend": "svd",
@@ -237,7 +242,7 @@ class _Job:
     conditioning: ClipConditioning
 
 
-_STOP = object()
+_STOP = None  # the worker's stop sentinel on the job queue
 
 
 class SVDRenderer:
@@ -256,14 +261,14 @@ class SVDRenderer:
         model: str | Path | None = None,
         *,
         svd_model: str | Path | None = None,
-        pipeline: Any = None,
+        pipeline: StableVideoDiffusionPipeline | None = None,
         avatar: str | Path | np.ndarray | None = None,
         clip_frames: int | None = None,
         gen_size: Sequence[int] = (1024, 576),
         steps: int = 10,
         settings: SVDSettings | None = None,
         device: str | None = None,
-        dtype: Any = None,
+        dtype: torch.dtype | None = None,
         variant: str | None = None,
         decode_chunk_size: int | None = 8,
         realtime: bool = True,
@@ -304,7 +309,7 @@ class SVDRenderer:
         self._overlay = OverlayRenderer(size=tuple(size) if size is not None else None)
 
         self._lock = threading.Condition()
-        self._jobs: queue.Queue[Any] = queue.Queue(maxsize=2)  # clip n+1 (and at most one more)
+        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=2)  # clip n+1 (and at most one more)
         self._ready: dict[int, Clip] = {}
         self._scheduled: set[int] = set()
         self._stats: list[ClipStat] = []

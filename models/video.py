@@ -8,8 +8,6 @@ the factory from here.
 
 from __future__ import annotations
 
-from typing import Any
-
 from models.overlay import OverlayRenderer, fit_frame
 from models.render import DEFAULT_SIZE, FrameRenderer, RendererUnavailable, RenderRequest
 from models.svd import SVDRenderer
@@ -28,7 +26,7 @@ __all__ = [
 BACKENDS: tuple[str, ...] = ("overlay", "svd")
 
 
-def create_renderer(backend: str = "overlay", **options: Any) -> FrameRenderer:
+def create_renderer(backend: str = "overlay", **options: object) -> FrameRenderer:
     """Build a renderer by name: ``"overlay"`` (default, always available) or ``"svd"``."""
     name = backend.strip().lower()
     if name == "overlay":

@@ -140,22 +140,22 @@ def test_echo_tokens_are_words_the_peer_never_said():
 
 def test_answer_figures_pool_per_peer_and_per_round():
     from app.loadtest import metrics as lm
+    from app.loadtest.records import AnswerSummary
     from app.loadtest.report import text_summary
     from app.loadtest.rounds import pooled_answers
 
     per = [{"voice_to_voice_ms": 500.0, "stop_ms": 200.0, "barge_in": True, "lip_sync_ms": -10.0},
            {"voice_to_voice_ms": 700.0, "stop_ms": None, "barge_in": False, "lip_sync_ms": 30.0,
             "false_interruption": True}]
-    peer = {"decoded": True, "starts": 2, "audio_packets": 900, "avatar_frames": 300, **lm.answer_stats(per)}
-    assert peer["voice_to_voice_ms_p50"] == 600.0 and peer["stop_ms_p50"] == 200.0
-    assert peer["false_interruption_rate"] == 0.5 and peer["lip_sync_abs_ms_p95"] == pytest.approx(29.0)
-    counted = {"decoded": False, "starts": 3, "audio_packets": 1000, "avatar_frames": 0}
-    pooled = pooled_answers([{"connected": True, "answer": peer}, {"connected": True, "answer": peer},
-                             {"connected": True, "answer": counted}])
+    stats = lm.answer_stats(per)
+    assert stats.voice_to_voice_ms_p50 == 600.0 and stats.stop_ms_p50 == 200.0
+    assert stats.false_interruption_rate == 0.5 and stats.lip_sync_abs_ms_p95 == pytest.approx(29.0)
+    peer = AnswerSummary(decoded=True, audio_packets=900, audio_bytes=0, avatar_frames=300, starts=2, stats=stats)
+    counted = AnswerSummary(decoded=False, audio_packets=1000, audio_bytes=0, avatar_frames=0, starts=3)
+    pooled = pooled_answers([peer, peer, counted]).to_json()
     assert pooled["answers"] == 4 and pooled["starts"] == 7 and pooled["audio_packets"] == 2800
     assert pooled["voice_to_voice_ms_p50"] == 600.0 and pooled["barge_ins"] == 2 and pooled["false_interruptions"] == 2
-    assert pooled_answers([{"connected": True, "answer": counted}]) == {"starts": 3, "audio_packets": 1000,
-                                                                        "avatar_frames": 0}
+    assert pooled_answers([counted]).to_json() == {"starts": 3, "audio_packets": 1000, "avatar_frames": 0}
     agg = {"peers": 1, "connected": 1, "latency_ms_p50": 1, "latency_ms_p95": 2, "final_latency_ms_p95": 3,
            "recall": 1.0, "level3_pass_rate": 1.0, "level3_checks": 1, "turn_ms_p50": 1, "bounds": {"ok": True},
            "answer": pooled}

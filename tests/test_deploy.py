@@ -313,6 +313,24 @@ async def test_garbage_rtp_closes_only_its_own_session():
         await bad.close()
 
 
+async def test_a_lossy_sender_is_not_mistaken_for_garbage(av_clip):
+    """At 10 % loss both ways, NACKed packets come back as RTX and frames break until the next key frame:
+    none of that is garbage, so the session keeps running and gets no ``error``."""
+    from app.loadtest.netem import NetemLink, NetemProfile
+
+    app = create_app(ServerConfig(**NO_MODELS, max_sessions=1))
+    async with running_server(app) as base:
+        peer = WhipPeer(f"{base}/whip", av_clip, loop=True)
+        link = NetemLink(NetemProfile(loss=0.10, delay_ms=40, jitter_ms=20), seed=7)
+        peer.pc.on("icegatheringstatechange", lambda: link.attach_pc(peer.pc))
+        await peer.connect()
+        await asyncio.sleep(15.0)
+        errors = [e.message for e in peer.events if e.message.get("type") == "error"]
+        assert not errors, errors
+        assert peer.session_id in app.state.sessions
+        assert await peer.close() == 200
+
+
 # --- in a namespace: a non-loopback address, a real browser, a real TURN server ---------------------
 
 

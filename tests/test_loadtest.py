@@ -13,6 +13,7 @@ from alignment.types import SAMPLE_RATE
 from app.loadtest import cli, config, drive, loopclip, rounds, spawn, verdict
 from app.loadtest import metrics as lm
 from app.loadtest import report as loadreport
+from app.loadtest.records import RampVerdict, RoundResult
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +62,8 @@ def test_match_tokens_recovers_latency_lag_and_misses(loop_clip):
     assert len(got) == 3 * n_words - 2
     assert all(w.latency_s == pytest.approx(0.4) and w.final_latency_s == pytest.approx(0.7) for w in got)
     summary = lm.summarise_latencies(words)
-    assert summary["recall"] == pytest.approx((3 * n_words - 2) / (3 * n_words), abs=1e-4)
-    assert summary["latency_ms_p95"] == pytest.approx(400.0, abs=0.1)
+    assert summary.recall == pytest.approx((3 * n_words - 2) / (3 * n_words), abs=1e-4)
+    assert summary.latency_ms_p95 == pytest.approx(400.0, abs=0.1)
     # A token for a word nobody said (in the pause after the sentence) is counted, not matched.
     gap = truth.utterance_end + 0.05
     extra = [(gap + 1, {"type": "token", "text": "zebra", "start": gap, "end": gap + 0.2, "final": True})]
@@ -75,7 +76,7 @@ def test_match_tokens_recovers_latency_lag_and_misses(loop_clip):
     assert unmatched2 == 0
     assert words2[2].matched_by == "time" and words2[2].latency_s == pytest.approx(0.5)
     s2 = lm.summarise_latencies(words2)
-    assert s2["recall"] > summary["recall"] and s2["recall_text"] == summary["recall_text"]
+    assert s2.recall > summary.recall and s2.recall_text == summary.recall_text
 
 
 def test_client_turn_latency_itl_and_jitter():
@@ -86,11 +87,11 @@ def test_client_turn_latency_itl_and_jitter():
     responses = [(t, {"type": "response", "utterance": 0, "index": i}) for i, t in enumerate(arrivals)]
     responses += [(5.2, {"type": "response", "utterance": 1, "index": 0})]  # utterance 1 ends at 5.0
     got = lm.turn_latency_and_itl(truth, responses, until_s=8.0)
-    assert got["utterances"] == 2
-    assert got["turn_ms"] == pytest.approx([150.0, 200.0], abs=0.2)
-    assert got["itl_ms_max"] == pytest.approx(140.0, abs=0.2)
+    assert got.utterances == 2
+    assert got.turn_ms == pytest.approx([150.0, 200.0], abs=0.2)
+    assert got.itl_ms_max == pytest.approx(140.0, abs=0.2)
     gaps = np.diff(arrivals)
-    assert got["jitter_ms_max"] == pytest.approx(max(np.std(gaps[i - 8 : i]) for i in range(8, 10)) * 1000, abs=0.2)
+    assert got.jitter_ms_max == pytest.approx(max(np.std(gaps[i - 8 : i]) for i in range(8, 10)) * 1000, abs=0.2)
 
 
 def test_level3_flags_evidence_offsets_only():
@@ -99,11 +100,11 @@ def test_level3_flags_evidence_offsets_only():
                 "max_delta_ms": abs(video_minus_audio_ms), "ok": ok, "evidence": evidence}
 
     clean = lm.level3([sync(5, True), sync(-8, True), sync(12, True), sync(900, False, "assigned")])
-    assert clean["pass_rate"] == 0.75 and not clean["flagged"] and clean["evidence_checks"] == 3
+    assert clean.pass_rate == 0.75 and not clean.flagged and clean.evidence_checks == 3
     late = lm.level3([sync(148, False), sync(155, False), sync(151, False)])
-    assert late["flagged"] and late["video_minus_audio_ms_p50"] == pytest.approx(151.0)
-    assert not lm.level3([])["flagged"]
-    assert [f["why"] for f in clean["failed"]] == ["delta"] and len(late["failed"]) == 3
+    assert late.flagged and late.video_minus_audio_ms_p50 == pytest.approx(151.0)
+    assert not lm.level3([]).flagged
+    assert [f.why for f in clean.failed] == ["delta"] and len(late.failed) == 3
 
 
 def test_level3_says_why_each_check_failed():
@@ -113,10 +114,10 @@ def test_level3_says_why_each_check_failed():
     off_onset = {**base, "text": 2.01, "max_delta_ms": 10.0, "audio_error_ms": -90.0, "ok": False}
     shown_off = {**base, "video": 2.08, "text": 2.0, "max_delta_ms": 80.0, "ok": False}
     passed = {**base, "text": 2.0, "max_delta_ms": 0.0, "ok": True}
-    failed = lm.level3([late, unplaced, passed, off_onset, shown_off])["failed"]
-    assert [f["why"] for f in failed] == ["late", "no_frame", "onset", "delta"]
-    assert failed[2]["audio_error_ms"] == -90.0
-    assert len(lm.level3([late] * 50)["failed"]) == lm.FAILED_KEPT
+    failed = lm.level3([late, unplaced, passed, off_onset, shown_off]).failed
+    assert [f.why for f in failed] == ["late", "no_frame", "onset", "delta"]
+    assert failed[2].audio_error_ms == -90.0
+    assert len(lm.level3([late] * 50).failed) == lm.FAILED_KEPT
 
 
 def test_flash_lags_pair_each_click_with_the_next_flash():
@@ -207,9 +208,9 @@ def test_steady_cpu_is_the_mean_over_the_samples_with_every_session_live():
     cpu = [(0.5, 5.0, 180.0, 95.0), (1.5, 120.0, 20.0, 75.0), (2.5, 140.0, 20.0, 85.0), (3.5, 30.0, 10.0, 25.0)]
     sessions = [(0.4, 0), (1.2, 1), (1.4, 2), (3.2, 1)]  # (t, live) from /readyz, where it changed
     steady = steady_cpu(cpu, sessions, 2)
-    assert steady is not None and steady["samples"] == 2  # the clip building and the teardown left out
-    assert steady["server"] == 130.0 and steady["clients"] == 20.0
-    assert steady["machine"] == 80.0 * steady["cores"]  # psutil's machine % is of all cores
+    assert steady is not None and steady.samples == 2  # the clip building and the teardown left out
+    assert steady.server == 130.0 and steady.clients == 20.0
+    assert steady.machine == 80.0 * steady.cores  # psutil's machine % is of all cores
     assert steady_cpu(cpu, sessions, 3) is None and steady_cpu(cpu, [], 1) is None
 
 
@@ -242,7 +243,7 @@ def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):
         peers = [{"index": s.index, "offset_ms": 0.0, "connected": True,
                   "words": [[t, t + 0.3, t + 0.3 + 0.15 * n, None, "w"] for t in np.arange(0.0, 20.0, 0.5)],
                   "level3": {"checks": 10, "ok": 10, "flagged": False}} for s in specs]
-        return {"peers": peers, "aggregate": verdict.aggregate(peers), "cpu": [], "errors": [], "wall_s": 0.0}
+        return RoundResult(peers=[], aggregate=verdict.aggregate(peers))
 
     monkeypatch.setattr(rounds, "run_round", fake_round)
     monkeypatch.setattr(rounds.time, "sleep", lambda s: None)
@@ -252,19 +253,20 @@ def test_find_max_ramps_until_a_bound_breaks(monkeypatch, capsys, tmp_path):
     cfg = config.RoundConfig(url="http://127.0.0.1:1/whip")
     report = rounds.run_plan(args, cfg, None)
     assert seen == [2, 4, 6, 8]  # 8 peers: 0.15 · 8 = 1.2 s > 1 s
-    assert report["result"]["peers_sustained"] == 6 and report["result"]["bound_broke_at"] == 8
-    assert report["result"]["failed_checks"] == ["p95 word->token <= 1000 ms"]
-    html = loadreport.render_html(report)
+    assert report.result.peers_sustained == 6 and report.result.bound_broke_at == 8
+    assert report.result.failed_checks == ["p95 word->token <= 1000 ms"]
+    html = loadreport.render_html(report.to_json())
     assert html.count("<h2>Round") == 4
     # --keep-going draws the whole curve; what is sustained still stops at the first break.
     seen.clear()
     args = cli.build_parser().parse_args(["--url", "http://127.0.0.1:1/whip", "--find-max", "--peers", "2",
                                                "--step", "3", "--max-peers", "9", "--keep-going"])
     cli._validate(args)
-    result = rounds.run_plan(args, cfg, None)["result"]
+    result = rounds.run_plan(args, cfg, None).result
+    assert isinstance(result, RampVerdict)
     assert seen == [2, 5, 8, 9]
-    assert result["peers_sustained"] == 5 and result["bound_broke_at"] == 8
-    assert [c[0] for c in result["curve"]] == [2, 5, 8, 9]
+    assert result.peers_sustained == 5 and result.bound_broke_at == 8
+    assert [c[0] for c in result.curve] == [2, 5, 8, 9]
 
 
 def test_pre_encoded_vp8_loop_decodes_with_the_flash(loop_clip):
@@ -280,3 +282,39 @@ def test_pre_encoded_vp8_loop_decodes_with_the_flash(loop_clip):
     flash_frames = [i for i, y in lit if y > 80.0]
     # Clean clip: markers at frame-cell starts light exactly frames 6 and (end - 8), and only those.
     assert flash_frames == [6, len(packets) - 8]
+
+
+def test_records_write_the_reports_json_shape():
+    """A peer that never connected, and a round around it, write the keys (and order) report.json always had."""
+    from app.loadtest.records import PeerResult, PooledAnswers, RoundResult
+
+    lost = PeerResult(3, 1, 0.0, "clean", error="no result (worker failed or timed out)")
+    assert list(lost.to_json()) == ["index", "worker", "offset_ms", "netem", "connected", "error"]
+    agg = verdict.aggregate([lost.to_json()])
+    rnd = RoundResult(peers=[lost], aggregate=agg, answer=PooledAnswers(0, 0, 0)).to_json()
+    assert list(rnd) == ["peers", "aggregate", "cpu", "sessions", "errors", "wall_s", "worker_cpu_s",
+                         "worker_setup_cpu_s"]
+    assert list(rnd["aggregate"])[-4:] == ["client_cpu_per_peer", "degradation", "cpu_all_live", "answer"]
+    assert rnd["aggregate"]["answer"] == {"starts": 0, "audio_packets": 0, "avatar_frames": 0}
+    assert json.loads(json.dumps(rnd))["peers"][0]["error"].startswith("no result")
+
+
+async def test_the_stand_ins_answer_bad_requests_in_one_json_line():
+    import httpx
+
+    from app.loadtest.llm_standin import StandInLLM
+    from app.loadtest.tts_standin import StandInTTS
+
+    for server, route in ((StandInLLM(), "/chat/completions"), (StandInTTS(), "/audio/speech")):
+        await server.start()
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                missing = await client.post(server.base_url + "/nowhere", json={})
+                not_object = await client.post(server.base_url + route, json=[1, 2])
+                not_json = await client.post(server.base_url + route, content=b"{")
+        finally:
+            await server.stop()
+        assert missing.status_code == 404 and "no route" in missing.json()["error"]["message"]
+        assert not_object.status_code == 400 and "JSON object" in not_object.json()["error"]["message"]
+        assert not_json.status_code == 400 and not_json.json()["error"]["message"].startswith("bad request")
+        assert server.requests == 0

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import statistics
@@ -295,3 +296,25 @@ def test_lowered_thread_priority_is_per_thread_and_inherited():
     assert seen == {"worker": min(base + 5, 19), "child": min(base + 5, 19)}
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
     assert not lower_thread_priority(0)
+
+
+def test_a_send_on_a_closed_transport_is_not_logged_as_an_error(caplog):
+    """aiortc's fire-and-forget SCTP send failing after the peer left is a debug line; other task errors stay errors."""
+    from app.live.reliability import quiet_closed_transport_errors
+
+    async def fails(exc: Exception) -> None:
+        raise exc
+
+    async def scenario() -> None:
+        quiet_closed_transport_errors(asyncio.get_running_loop())
+        for exc in (ConnectionError("Cannot send encrypted data, not connected"), ValueError("a real bug")):
+            task = asyncio.ensure_future(fails(exc))
+            await asyncio.sleep(0.01)
+            del task  # never retrieved: asyncio reports it when the task is collected
+            gc.collect()
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(scenario())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "a real bug" in str(errors[0].exc_info[1] if errors[0].exc_info else errors[0].msg)
+    assert any("closed transport" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)

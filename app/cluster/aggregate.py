@@ -9,8 +9,7 @@ the p99 of all TTFTs pooled), the largest ITLmax, the worst jitter.
 
 from __future__ import annotations
 
-from typing import Any
-
+from alignment.json_types import JsonObject
 from alignment.lst import tier_for
 
 
@@ -47,7 +46,7 @@ def _worst(values: list[float | None]) -> float | None:
     return max(present) if present else None
 
 
-def merge_lst(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def merge_lst(nodes: dict[str, JsonObject]) -> JsonObject:
     """Cluster LST figures from each node's ``/metrics/lst`` snapshot (see the module docstring)."""
     ttft = _worst([s.get("ttft_ms_p99") for s in nodes.values()])
     jitter = _worst([s.get("jitter_ms") for s in nodes.values()])

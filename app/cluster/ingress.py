@@ -1,18 +1,16 @@
 """The cluster's one WHIP endpoint: it places each session on a node and steps out of the way.
 
 ``POST /whip`` checks the offer exactly as a single server does (same 400/401/403/413/415 answers,
-before readiness and room), then forwards it to the ready node with the most free room (see
-``placement``) and returns that node's SDP answer as is: its ICE candidates are the node's, so media
-flows between client and node and never through the ingress. The ``Location`` it gives back,
-``/whip/<node>/<session>``, names the node, so ``DELETE`` reaches the session wherever it lives and
-the ingress keeps no per-session state (it can be restarted, or run twice). ``503`` + ``Retry-After``
-when no node has room (or none is ready yet). ``/readyz``, ``/metrics`` and ``/metrics/lst`` cover
-the whole cluster, from each node's own endpoints.
+before readiness and room), then forwards it to the ready node with the most free room (``placement``)
+and returns that node's SDP answer as is: its ICE candidates are the node's, so media never flows
+through the ingress. The ``Location``, ``/whip/<node>/<session>``, names the node, so ``DELETE`` reaches
+the session wherever it lives and the ingress keeps no per-session state (it can be restarted, or run
+twice). ``503`` + ``Retry-After`` when no node has room or none is ready. ``/readyz``, ``/metrics`` and
+``/metrics/lst`` cover the whole cluster, from each node's own endpoints.
 
 Serving other machines works as on one server: HTTPS (``tls``), the bearer token, offers limited per
-client address here (429; the nodes behind do not limit, every offer reaches them from the ingress),
-``OPTIONS /whip`` and the node's ``Link: rel="ice-server"`` headers passed on, and a trusted proxy's
-forwarded headers (``app.live.proxy``).
+client address here (429; the nodes do not limit), ``OPTIONS /whip`` and the node's
+``Link: rel="ice-server"`` headers passed on, and a trusted proxy's forwarded headers (``app.live.proxy``).
 """
 
 from __future__ import annotations
@@ -31,14 +29,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from app.cluster.aggregate import merge_lst, merge_metrics
 from app.cluster.placement import LOST, READY, NodeView, placement_order
 from app.cluster.registry import NodeRegistry, RegistryConfig
+from app.live.gate import RequestGate
 from app.live.ice import link_headers, with_credentials
 from app.live.offer import (
     OfferRefused,
     allow_cross_origin,
-    authorised,
-    client_address,
-    origin_allowed,
-    origin_refusal,
     read_offer,
     resource_location,
 )
@@ -92,7 +87,9 @@ class Ingress:
         self.registry = registry or NodeRegistry(config)
         self.server = config.server
         self.metrics = ClusterMetrics()
-        self.offers = OfferRateLimit(self.server.offer_rate_per_s, self.server.offer_burst)
+        self.gate = RequestGate(auth_token=self.server.auth_token, allowed_origins=self.server.allowed_origins,
+                                metrics_auth=self.server.metrics_auth, rejected=self.metrics.rejected,
+                                offers=OfferRateLimit(self.server.offer_rate_per_s, self.server.offer_burst))
         self._client: httpx.AsyncClient | None = None
 
     @property
@@ -113,29 +110,6 @@ class Ingress:
             await watch
         await client.aclose()
 
-    def refuse(self, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-        self.metrics.rejected.labels(str(status)).inc()
-        return _plain(status, message, headers)
-
-    def gate(self, request: Request) -> Response | None:
-        """The bearer token and browser-origin checks of a single server, or None when they pass."""
-        if not authorised(request, self.server.auth_token):
-            return self.refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-        if not origin_allowed(request, self.server.allowed_origins):
-            return self.refuse(403, origin_refusal(request))
-        return None
-
-    def rate_refusal(self, request: Request) -> Response | None:
-        wait = self.offers.retry_after(client_address(request))
-        if wait is None:
-            return None
-        return self.refuse(429, f"too many offers from this address; retry in {wait} s", {"Retry-After": str(wait)})
-
-    def metrics_gate(self, request: Request) -> Response | None:
-        if self.server.metrics_auth and not authorised(request, self.server.auth_token):
-            return self.refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-        return None
-
     # --- routes (no docstrings: FastAPI would publish them in /openapi.json) -------------------------
 
     async def internal_error(self, _: Request, exc: Exception) -> Response:
@@ -144,7 +118,7 @@ class Ingress:
 
     # OPTIONS /whip: the ICE servers (Link headers) a client needs before it builds its offer.
     async def whip_options(self, request: Request) -> Response:
-        refused = self.gate(request)
+        refused = self.gate.check(request)
         if refused is not None:
             return refused
         response = Response(status_code=204, headers={"Accept-Post": "application/sdp", "Allow": "OPTIONS, POST"})
@@ -156,13 +130,13 @@ class Ingress:
 
     # POST /whip: checked here, answered by the first node in placement order that has room.
     async def whip_offer(self, request: Request) -> Response:
-        refused = self.rate_refusal(request) or self.gate(request)
+        refused = self.gate.rate(request) or self.gate.check(request)
         if refused is not None:
             return refused
         try:
             sdp = await read_offer(request, self.server.max_sdp_bytes)
         except OfferRefused as exc:
-            return self.refuse(exc.status, str(exc))
+            return self.gate.refuse(exc.status, str(exc))
         headers = {"Content-Type": "application/sdp", **_forwarded_headers(request)}
         for node in placement_order(self.registry.views()):
             answer = await self._offer_to(node, sdp, headers, request)
@@ -201,10 +175,10 @@ class Ingress:
         """503 when no node took the offer: none ready yet, or all full."""
         views = self.registry.views()
         if not any(v.state == READY for v in views):
-            return self.refuse(503, "no node is ready yet, retry shortly", {"Retry-After": "2"})
+            return self.gate.refuse(503, "no node is ready yet, retry shortly", {"Retry-After": "2"})
         capacity = sum(v.capacity for v in views if v.state == READY)
-        return self.refuse(503, f"cluster full ({capacity} sessions on {sum(v.state == READY for v in views)} nodes)",
-                           {"Retry-After": "5"})
+        ready = sum(v.state == READY for v in views)
+        return self.gate.refuse(503, f"cluster full ({capacity} sessions on {ready} nodes)", {"Retry-After": "5"})
 
     async def whip_delete(self, node_key: str, session_id: str, request: Request) -> Response:
         return await self._to_session(node_key, session_id, request)
@@ -214,20 +188,20 @@ class Ingress:
 
     async def _to_session(self, node_key: str, session_id: str, request: Request) -> Response:
         """GET or DELETE /whip/<node>/<session>: forwarded to the node that holds the session."""
-        refused = self.gate(request)
+        refused = self.gate.check(request)
         if refused is not None:
             return refused
         node = self.registry.get(node_key)
         if node is None or node.url is None:
-            return self.refuse(404, "no such session")
+            return self.gate.refuse(404, "no such session")
         if node.state == LOST:
-            return self.refuse(404, "no such session: its node has left the cluster")
+            return self.gate.refuse(404, "no such session: its node has left the cluster")
         try:
             resp = await self.client.request(request.method, f"{node.url}/whip/{session_id}",
                                              headers=_forwarded_headers(request))
         except httpx.HTTPError as exc:
             self.registry.unreachable(node_key, f"{request.method} session: {type(exc).__name__}: {exc}"[:200])
-            return self.refuse(502, f"node {node_key} did not answer; retry")
+            return self.gate.refuse(502, f"node {node_key} did not answer; retry")
         if request.method == "DELETE" and resp.status_code == 200:
             self.registry.released(node_key)
         return Response(resp.content, status_code=resp.status_code,
@@ -235,7 +209,7 @@ class Ingress:
 
     # /whip/<session> without a node: not a session of this cluster.
     async def whip_unknown(self, session_id: str) -> Response:
-        return self.refuse(404, "no such session")
+        return self.gate.refuse(404, "no such session")
 
     async def whip_patch(self, path: str) -> Response:
         return _plain(405, "trickle ICE is not supported; send a complete offer", {"Allow": "DELETE"})
@@ -268,7 +242,7 @@ class Ingress:
         return {"Authorization": f"Bearer {token}"} if token and self.server.metrics_auth else {}
 
     async def prometheus(self, request: Request) -> Response:
-        refused = self.metrics_gate(request)
+        refused = self.gate.metrics(request)
         if refused is not None:
             return refused
         nodes = {key: r.text for key, r in (await self.scrape("/metrics")).items()}
@@ -276,7 +250,7 @@ class Ingress:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def lst(self, request: Request) -> Response:
-        refused = self.metrics_gate(request)
+        refused = self.gate.metrics(request)
         if refused is not None:
             return refused
         nodes = {}

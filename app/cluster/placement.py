@@ -9,7 +9,8 @@ between two polls; a node that still says 503 is simply skipped for the next.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from alignment.json_types import JsonObject
 
 #: A node's states as the ingress sees them. Only ``ready`` nodes take sessions; ``lost`` is final.
 STARTING, WARMING, READY, UNREACHABLE, LOST = "starting", "warming", "ready", "unreachable", "lost"
@@ -31,7 +32,7 @@ class NodeView:
         return max(self.capacity - self.sessions - self.placed, 0) if self.state == READY else 0
 
 
-def node_capacity(readyz: dict[str, Any]) -> int:
+def node_capacity(readyz: JsonObject) -> int:
     """The sessions a node admits: ``capacity`` if it reports one (the capacity work), else ``max_sessions``."""
     value = readyz.get("capacity")
     if value is None:

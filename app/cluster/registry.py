@@ -18,10 +18,11 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 
+from alignment.json_types import JsonObject
 from app.cluster.node import NODE_RESOURCE, START_TIMEOUT_S, NodeServer
 from app.cluster.placement import LOST, READY, STARTING, UNREACHABLE, WARMING, NodeView, node_capacity
 from app.live.config import ServerConfig
@@ -74,7 +75,7 @@ class NodeRegistry:
         node = self._nodes.get(key)
         return node.view if node is not None else None
 
-    def describe(self) -> dict[str, dict[str, Any]]:
+    def describe(self) -> dict[str, JsonObject]:
         """Every node as /readyz shows it."""
         return {key: {"state": n.view.state, "url": n.view.url, "sessions": n.view.sessions,
                       "capacity": n.view.capacity, "free": n.view.free, "pid": n.pid, "ray_node_id": n.node_id,

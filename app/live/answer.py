@@ -1,21 +1,16 @@
 """The spoken answer: responder tokens → phrases → speech → an audio track and an avatar track.
 
 Per session one :class:`AnswerPlayer`. The synthesizer reads the responder's raw tokens as they
-arrive (``app.live.response`` tees them before the pacer; the paced ``response`` text stream stays
-what LST judges): a phrase chunker cuts them into phrases, each is synthesized at the speaking
-rate of the load policy read at that phrase boundary, and queued for playback. A new answer
-replaces the one playing, never queues behind it.
+arrive (teed before the pacer, so the paced ``response`` text LST judges is untouched); a phrase
+chunker cuts them into phrases, each spoken at the rate of the load policy read at its boundary. A
+new answer replaces the one playing, never queues behind it.
 
-Two tracks leave the session in one MediaStream (one ``msid``, so a browser lip-syncs them):
-:class:`AnswerAudioTrack` (48 kHz, 20 ms frames, silence between answers) and, when the client
-offered a second video m-line, :class:`AvatarTrack` (16 fps, the mouth of the phone playing). Both
-are stamped from the session clock and paced on absolute deadlines (``alignment.pacing``'s way), and
-each hands the encoder one frame at a time. Idle costs little: a cached silent frame, a cached face.
-
-What the tracks hand on is recorded (the audio as 16 kHz, the mouth actually drawn per frame), and
-each spoken word gets a Level-3 check against that record (``answer_sync``), evidence the
-synthesizer's own word times did not make: the audio time is found in the sent audio, the video
-time from the drawn mouths, the text time is the ``answer_word`` event's.
+The two tracks share one MediaStream (one ``msid``, so a browser lip-syncs them): 48 kHz audio with
+silence between answers, and, when the client offered a second video m-line, the 16 fps avatar. Both
+are stamped from the session clock and paced on absolute deadlines, one frame at a time to the
+encoder. What they hand on is recorded (the audio at 16 kHz, the mouth drawn per frame), and each
+spoken word gets a Level-3 check (``answer_sync``) on that record, evidence the synthesizer's own
+word times did not make.
 """
 
 from __future__ import annotations

@@ -22,9 +22,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.live.stages import Stage
+
+if TYPE_CHECKING:
+    import psutil
 
 #: Stage of a thread, by the start of its name (Python name first, then the native ``comm``).
 STAGE_BY_PREFIX: tuple[tuple[str, Stage], ...] = (
@@ -79,9 +82,9 @@ class _ChildProcesses:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._scanned = -math.inf
-        self._procs: list[Any] = []  # psutil.Process
+        self._procs: list[psutil.Process] = []
 
-    def get(self) -> list[Any]:
+    def get(self) -> list[psutil.Process]:
         import psutil
 
         with self._lock:

@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 
 import aioice.ice
 
+import app.live.webrtc  # noqa: F401  (patches aiortc/aioice internals: the version pin)
+
 if TYPE_CHECKING:
     from aiortc import RTCConfiguration
 

@@ -2,17 +2,14 @@
 
 Each incoming track gets its clock (``alignment.clock``) fed from its receiver's RTP and RTCP
 (``app.live.webrtc``) and a jitter buffer that releases media without aiortc's extra wait
-(``app.live.jitter``). The two read loops then hand every decoded frame on with its session time:
-camera frames as they are, audio resampled to the ASR's 16 kHz mono with continuous pts.
+(``app.live.jitter``). The read loops hand every decoded frame on with its session time: camera
+frames as they are, audio resampled to the ASR's 16 kHz mono with continuous pts.
 
-Before anything is decoded, each receiver is guarded (``app.live.limits``): bitrate, the size of
-key frames, garbage. After decoding, camera frames are capped in rate and size, so what the face stage
-and the camera buffer see costs no more than a 720p 30 fps camera would, whatever the sender sends.
-A sender cut off by a guard gets an ``error`` event, then its session closes.
-
-An audio frame's RTP timestamp stamps the first sample the sender's encoder was given, but an Opus
-decoder's output starts with the encoder's look-ahead (:data:`OPUS_LOOKAHEAD_S`): the decoded sound
-of a frame is that much later than its timestamp says, so audio is read that much earlier.
+Each receiver is guarded before decoding (``app.live.limits``: bitrate, key-frame size, garbage) and
+camera frames are capped in rate and size after it, so a sender costs no more than a 720p 30 fps
+camera whatever it sends; a sender cut off by a guard gets an ``error`` event and its session closes.
+An Opus decoder's output starts with the encoder's look-ahead (:data:`OPUS_LOOKAHEAD_S`), so audio
+is read that much earlier than its RTP timestamp says.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ from aiortc.jitterbuffer import MAX_MISORDER, JitterBuffer, JitterFrame
 from aiortc.rtp import RtpPacket
 from aiortc.utils import uint16_add
 
+import app.live.webrtc  # noqa: F401  (patches aiortc/aioice internals: the version pin)
+
 
 class MarkerJitterBuffer(JitterBuffer):
     """``JitterBuffer`` for video that emits a frame as soon as its marker packet completes it."""

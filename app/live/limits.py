@@ -1,18 +1,15 @@
 """What one session may cost, whatever its sender sends: bitrate, picture size, frame rate, garbage.
 
-A WebRTC sender chooses its resolution, frame rate and bitrate, and a hostile or broken one may send
-4K at 60 fps, far more bits than it said, or RTP whose payload is not media at all. Each of those
-would cost the server CPU that the admission estimate never counted. Per receiver
-(:class:`ReceiverGuard`, on aiortc's packet handler, decoder queue and decode-error flag):
+A hostile or broken WebRTC sender may send 4K at 60 fps, far more bits than it said, or RTP that is no
+media: CPU the admission estimate never counted. Per receiver (:class:`ReceiverGuard`, on aiortc's packet
+handler, decoder queue and decode-error flag):
 
-* RTP bytes beyond ``max_kbps`` (a token bucket holding one second) are dropped before they are
-  depacketized; a sender still at twice the bound after ``SUSTAIN_S`` is cut off;
-* VP8 key frames larger than ``max_pixels`` are not decoded (their size is in the frame header),
-  nor anything after them until a key frame that fits: a 4K camera costs no decoding at all;
-* packets that are not media (no codec of the session, a payload that does not parse, frames the
-  decoder rejects) are counted per second; ``GARBAGE_SECONDS`` seconds in a row mostly garbage and
-  the session is closed with an ``error`` event naming why.
-
+* RTP bytes beyond ``max_kbps`` (a token bucket holding one second) are dropped before depacketizing;
+  a sender still at twice the bound after ``SUSTAIN_S`` is cut off;
+* VP8 key frames larger than ``max_pixels`` are not decoded (the size is in the frame header), nor
+  anything after them until a key frame that fits;
+* packets that are not media are counted per second; ``GARBAGE_SECONDS`` seconds in a row mostly
+  garbage and the session is closed with an ``error`` event naming why.
 After decoding, :class:`FrameCap` drops camera frames above ``max_fps`` (on their pts) and scales
 larger ones down to fit ``max_size``, before the face stage and the camera buffer see them.
 """
@@ -23,12 +20,21 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import av
 from aiortc import RTCRtpReceiver
 from aiortc.codecs import is_rtx
 from aiortc.rtp import RtpPacket
+
+import app.live.webrtc  # noqa: F401  (patches aiortc/aioice internals: the version pin)
+
+if TYPE_CHECKING:
+    from aiortc.jitterbuffer import JitterFrame
+    from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+
+#: What aiortc's receiver puts on its decoder queue: the codec and one encoded frame.
+DecoderItem = tuple["RTCRtpCodecParameters", "JitterFrame"]
 
 SUSTAIN_S = 5.0  # seconds a sender may stay above twice the bitrate bound before it is cut off
 GARBAGE_SECONDS = 3  # consecutive seconds mostly garbage that close the session
@@ -79,17 +85,20 @@ class ReceiverGuard:
     def _install(self, receiver: RTCRtpReceiver) -> None:
         handle = receiver._handle_rtp_packet
         nacks = getattr(receiver, "_RTCRtpReceiver__nack_generator", None)
-        codecs: dict[int, Any] = getattr(receiver, "_RTCRtpReceiver__codecs", {})
+        codecs: dict[int, RTCRtpCodecParameters] = getattr(receiver, "_RTCRtpReceiver__codecs", {})
 
         async def guarded(packet: RtpPacket, arrival_time_ms: int) -> None:
+            codec = codecs.get(packet.payload_type)
             if not self._admit(len(packet.payload) + 12):
-                codec = codecs.get(packet.payload_type)
                 if nacks is not None and codec is not None and not is_rtx(codec):
                     nacks.add(packet)  # seen, so not asked for again: a retransmission would be dropped too
                 return
             packet._data = _UNSET  # type: ignore[attr-defined]  # aiortc sets it once the payload parses
             await handle(packet, arrival_time_ms)
-            if packet.payload and getattr(packet, "_data", _UNSET) is _UNSET:
+            # aiortc parses a retransmission (RTX) as a new, unwrapped packet, so this one's payload is never
+            # set: a lossy network's NACKed packets are not garbage.
+            retransmission = codec is not None and is_rtx(codec)
+            if packet.payload and not retransmission and getattr(packet, "_data", _UNSET) is _UNSET:
                 self._count_garbage()
             self._tick()
 
@@ -98,7 +107,7 @@ class ReceiverGuard:
         if queue is not None:
             put = queue.put
 
-            def put_checked(item: Any, *args: Any, **kwargs: Any) -> None:
+            def put_checked(item: DecoderItem | None, *args: object, **kwargs: object) -> None:
                 if item is None or self._decodable(item):
                     put(item, *args, **kwargs)
 
@@ -133,7 +142,7 @@ class ReceiverGuard:
         self._garbage += 1
         self.garbage_total += 1
 
-    def _decodable(self, item: tuple[Any, Any]) -> bool:
+    def _decodable(self, item: DecoderItem) -> bool:
         """Whether the decoder gets this encoded frame: not while skipping frames too large to decode."""
         codec, frame = item
         if getattr(codec, "name", "").lower() != "vp8":

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
-from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 PREFIX_KEY = "synchrony.prefix"
-
-Scope = dict[str, Any]
 
 
 def _trusted(host: str | None, allowed: Sequence[str]) -> bool:
@@ -44,11 +43,11 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
 class ForwardedHeaders:
     """ASGI middleware applying a trusted proxy's ``X-Forwarded-*`` headers (see the module doc)."""
 
-    def __init__(self, app: Any, allowed: Sequence[str]) -> None:
+    def __init__(self, app: ASGIApp, allowed: Sequence[str]) -> None:
         self.app = app
         self.allowed = tuple(allowed)
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
             client = scope.get("client")
             if _trusted(client[0] if client else None, self.allowed):

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from alignment.json_types import JsonObject
 
 if TYPE_CHECKING:
+    import ctypes
+
     from aiortc import RTCDataChannel
+    from fastapi import FastAPI
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class ResourceSnapshot:
     frame_words: int  # output frames with words still to draw, all sessions
     channel_buffered: int  # bytes queued on the sessions' events channels
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         d = asdict(self)
         d["thread_names"] = list(self.thread_names)
         return d
@@ -113,11 +119,11 @@ def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 
 
-_LIBC: Any = None
+_LIBC: ctypes.CDLL | Literal[False] | None = None
 _M_ARENA_MAX = -8  # mallopt parameter (glibc malloc.h)
 
 
-def _libc() -> Any:
+def _libc() -> ctypes.CDLL | Literal[False]:
     """glibc via ctypes, or False where it is not there (musl, macOS)."""
     global _LIBC
     if _LIBC is None:
@@ -198,7 +204,7 @@ class HoldsMemory(Protocol):
     def held(self) -> tuple[int, int, int]: ...
 
 
-def snapshot(app: Any, collect: bool = False, trim: bool = False) -> ResourceSnapshot:
+def snapshot(app: FastAPI, collect: bool = False, trim: bool = False) -> ResourceSnapshot:
     """Read the figures off a running app (``collect``: collect garbage; ``trim``: then trim the heap).
 
     RSS without ``trim`` is what the OS sees; with it, memory the allocator merely retains is gone,
@@ -233,3 +239,27 @@ def snapshot(app: Any, collect: bool = False, trim: bool = False) -> ResourceSna
         asr_queued_s=round(queued, 3), asr_dropped_s=round(dropped, 3), camera_frames=camera,
         tokens_held=tokens, frame_words=frame_words, channel_buffered=buffered,
     )
+
+
+_teardown_log = logging.getLogger("app.live.teardown")
+
+
+def quiet_closed_transport_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Log aiortc's "not connected" task errors after a peer left at debug level, not as tracebacks.
+
+    aiortc sends DataChannel data from fire-and-forget tasks; one that runs after the peer's DTLS
+    transport closed fails with ``ConnectionError`` and nothing retrieves it, so asyncio logs a
+    traceback for an ordinary disconnect. Every other exception keeps the loop's own handling.
+    """
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, ConnectionError) and "not connected" in str(exc):
+            _teardown_log.debug("a task sent on a closed transport: %s", exc)
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

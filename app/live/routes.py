@@ -28,19 +28,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from app.live import tracing
 from app.live.admission import Admission
 from app.live.config import ServerConfig
+from app.live.gate import RequestGate
 from app.live.ice import IceServer, link_headers, rtc_configuration, with_credentials
 from app.live.offer import (
     OfferRefused,
-    authorised,
     cap_bitrate,
-    client_address,
-    origin_allowed,
-    origin_refusal,
     read_offer,
     resource_location,
 )
 from app.live.ratelimit import OfferRateLimit
-from app.live.reliability import freeze_warm_heap, reclaim
+from app.live.reliability import freeze_warm_heap, quiet_closed_transport_errors, reclaim
 from app.live.server_metrics import ServerMetrics
 from app.live.session import Session, SessionConfig, Stages
 from app.live.stages import AnswerConfig
@@ -86,7 +83,9 @@ class LiveServer:
         self.pending = 0  # offers being answered, counted against the limit
         self.session_config = session_config(config)
         self.admission = Admission(config, self.metrics)
-        self.offers = OfferRateLimit(config.offer_rate_per_s, config.offer_burst)
+        self.gate = RequestGate(auth_token=config.auth_token, allowed_origins=config.allowed_origins,
+                                metrics_auth=config.metrics_auth, rejected=self.metrics.rejected,
+                                offers=OfferRateLimit(config.offer_rate_per_s, config.offer_burst))
         # Warm-up starts now, so model loading overlaps building the page (Gradio) and server start-up.
         if stages is not None:
             self.warm.stages = stages
@@ -127,6 +126,7 @@ class LiveServer:
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         """Watch the event loop's lag and measure capacity while serving; close every session at the end."""
         tracing.configure()  # OTEL_* set: traces of each session (off and not imported otherwise)
+        quiet_closed_transport_errors(asyncio.get_running_loop())
         loop_watch = asyncio.create_task(self.metrics.loop_lag.watch(), name="event-loop-lag")
         measuring = asyncio.create_task(self._measure_forever(), name="capacity")
         yield
@@ -152,31 +152,6 @@ class LiveServer:
 
     # --- refusals ---------------------------------------------------------------------------------
 
-    def refuse(self, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-        self.metrics.rejected.labels(str(status)).inc()
-        return PlainTextResponse(message + "\n", status_code=status, headers=headers)
-
-    def gate(self, request: Request) -> Response | None:
-        """The bearer-token and browser-origin refusal for ``request``, or None when it may pass."""
-        if not authorised(request, self.config.auth_token):
-            return self.refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-        if not origin_allowed(request, self.config.allowed_origins):
-            return self.refuse(403, origin_refusal(request))
-        return None
-
-    def rate_refusal(self, request: Request) -> Response | None:
-        """429 + Retry-After when this client address has offered too often, else None."""
-        wait = self.offers.retry_after(client_address(request))
-        if wait is None:
-            return None
-        return self.refuse(429, f"too many offers from this address; retry in {wait} s", {"Retry-After": str(wait)})
-
-    def metrics_gate(self, request: Request) -> Response | None:
-        """The bearer-token refusal for /metrics and /metrics/lst when they are protected."""
-        if self.config.metrics_auth and not authorised(request, self.config.auth_token):
-            return self.refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-        return None
-
     def ice_servers(self, name: str) -> tuple[IceServer, ...]:
         """The ICE servers with fresh short-lived TURN credentials (``name`` goes into their username)."""
         config = self.config
@@ -185,20 +160,20 @@ class LiveServer:
     def room_refusal(self) -> Response | None:
         """503 while warming up or when full, or None when a new session fits."""
         if not self.warm.ready:
-            return self.refuse(503, "warming up, retry shortly", {"Retry-After": "2"})
+            return self.gate.refuse(503, "warming up, retry shortly", {"Retry-After": "2"})
         limit = self.admission.limit(len(self.sessions))
         if len(self.sessions) + self.pending >= limit:
-            return self.refuse(503, f"server full ({limit} sessions: {self.admission.full(limit)})",
+            return self.gate.refuse(503, f"server full ({limit} sessions: {self.admission.full(limit)})",
                                {"Retry-After": str(self.config.retry_after_s)})
         return None
 
     def session_for(self, session_id: str, request: Request) -> Session | Response:
         """The session a WHIP resource request names, or the refusal to send instead."""
-        refused = self.gate(request)
+        refused = self.gate.check(request)
         if refused is not None:
             return refused
         session = self.sessions.get(session_id)
-        return session if session is not None else self.refuse(404, "no such session")
+        return session if session is not None else self.gate.refuse(404, "no such session")
 
     # --- routes (no docstrings: FastAPI would publish them in /openapi.json) -------------------------
 
@@ -208,13 +183,13 @@ class LiveServer:
 
     # POST /whip: a WHIP offer in, a session and its SDP answer out (201, ``Location``).
     async def whip_offer(self, request: Request) -> Response:
-        refused = self.rate_refusal(request) or self.gate(request)
+        refused = self.gate.rate(request) or self.gate.check(request)
         if refused is not None:
             return refused
         try:
             sdp = await read_offer(request, self.config.max_sdp_bytes)
         except OfferRefused as exc:
-            return self.refuse(exc.status, str(exc))
+            return self.gate.refuse(exc.status, str(exc))
         refused = self.room_refusal()
         if refused is not None:
             return refused
@@ -248,7 +223,7 @@ class LiveServer:
 
     # OPTIONS /whip: the ICE servers (Link headers) a client needs before it builds its offer.
     async def whip_options(self, request: Request) -> Response:
-        refused = self.gate(request)
+        refused = self.gate.check(request)
         if refused is not None:
             return refused
         response = Response(status_code=204, headers={"Accept-Post": "application/sdp",
@@ -267,7 +242,7 @@ class LiveServer:
         except Exception as exc:  # noqa: BLE001 - aiortc's parser and negotiation raise many kinds
             await session.close("offer refused")  # frees the tracks, tasks and AU thread it started
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return self.refuse(400, f"cannot use this SDP offer: {why[:200]}")
+            return self.gate.refuse(400, f"cannot use this SDP offer: {why[:200]}")
         return None
 
     # DELETE /whip/<session>: end it.
@@ -303,13 +278,13 @@ class LiveServer:
         return JSONResponse(self.ready_body(), status_code=200 if self.warm.ready else 503)
 
     async def prometheus(self, request: Request) -> Response:
-        refused = self.metrics_gate(request)
+        refused = self.gate.metrics(request)
         if refused is not None:
             return refused
         return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def lst(self, request: Request) -> Response:
-        refused = self.metrics_gate(request)
+        refused = self.gate.metrics(request)
         if refused is not None:
             return refused
         stages = self.warm.stages

@@ -22,15 +22,21 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span as OtelSpan
+
     from alignment.types import TokenRatePolicy
     from models.responders import RequestTimes
 
 log = logging.getLogger("synchrony.tracing")
 
-Attrs = Mapping[str, str | int | float | bool | Sequence[str]]
+AttrValue = str | int | float | bool | Sequence[str]
+Attrs = Mapping[str, AttrValue]
 
 #: Spans kept waiting for export at most (``OTEL_BSP_MAX_QUEUE_SIZE`` overrides): past it, dropped.
 MAX_QUEUE = 2048
@@ -77,7 +83,7 @@ NO_SPAN = _NoSpan()
 class Span(_NoSpan):
     """One live span: children, events, attributes, ``headers()`` (``traceparent`` for requests)."""
 
-    def __init__(self, tracing: Tracing, span: Any) -> None:
+    def __init__(self, tracing: Tracing, span: OtelSpan) -> None:
         self._tracing, self._span = tracing, span
         self._ended = False
 
@@ -103,7 +109,7 @@ class Span(_NoSpan):
 class Tracing:
     """The process's tracer: a provider, the OTLP/HTTP exporter behind a bounded queue."""
 
-    def __init__(self, max_queue: int | None = None, exporter: Any = None) -> None:
+    def __init__(self, max_queue: int | None = None, exporter: SpanExporter | None = None) -> None:
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -120,7 +126,7 @@ class Tracing:
         self._trace = trace
         self._propagator = TraceContextTextMapPropagator()
 
-    def start(self, name: str, parent: Any, attrs: Attrs | None = None, start: float | None = None) -> Span:
+    def start(self, name: str, parent: OtelSpan | None, attrs: Attrs | None = None, start: float | None = None) -> Span:
         ctx = None if parent is None else self._trace.set_span_in_context(parent)
         return Span(self, self.tracer.start_span(name, context=ctx, attributes=dict(attrs or {}),
                                                  start_time=_epoch_ns(start)))
@@ -131,7 +137,7 @@ class Tracing:
         span = self.tracer.start_span("session", context=ctx, attributes={"synchrony.session": session_id})
         return Span(self, span)
 
-    def inject(self, span: Any) -> dict[str, str]:
+    def inject(self, span: OtelSpan) -> dict[str, str]:
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, context=self._trace.set_span_in_context(span))
         return carrier
@@ -145,19 +151,20 @@ class BoundedSpanQueue:
     batches. A full queue drops the span (counted in ``dropped``), so a slow or absent collector
     never blocks the caller; an export that fails drops its batch (``failed``)."""
 
-    def __init__(self, exporter: Any, max_queue: int = MAX_QUEUE, batch: int = 256, delay_s: float = 1.0) -> None:
+    def __init__(self, exporter: SpanExporter, max_queue: int = MAX_QUEUE, batch: int = 256,
+                 delay_s: float = 1.0) -> None:
         self._exporter, self._max, self._batch, self._delay = exporter, max_queue, batch, delay_s
-        self._queue: collections.deque[Any] = collections.deque()
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._wake = threading.Event()
         self._stop = False
         self.dropped = self.exported = self.failed = 0
         self._thread = threading.Thread(target=self._run, name="otel-export", daemon=True)
         self._thread.start()
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
+    def on_start(self, span: OtelSpan, parent_context: Context | None = None) -> None:
         pass
 
-    def on_end(self, span: Any) -> None:
+    def on_end(self, span: ReadableSpan) -> None:
         if not span.context.trace_flags.sampled:
             return
         if len(self._queue) >= self._max:
@@ -259,7 +266,7 @@ def end_llm_span(span: _NoSpan, times: RequestTimes, delivered: int) -> None:
         return
     if times.first is not None:
         span.event("first_token", {"synchrony.ttft_ms": round((times.first - (times.sent or times.first)) * 1e3, 3)})
-    attrs: dict[str, Any] = {"gen_ai.response.finish_reasons": [times.finish_reason or "cancelled"],
+    attrs: dict[str, AttrValue] = {"gen_ai.response.finish_reasons": [times.finish_reason or "cancelled"],
                              "synchrony.words_delivered": delivered}
     if times.completion_id:
         attrs["gen_ai.response.id"] = times.completion_id

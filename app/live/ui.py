@@ -1,18 +1,14 @@
 """The browser page at ``/``: Gradio 6 layout plus a small WebRTC client script talking to ``/whip``.
 
-Why not fastrtc: fastrtc (0.0.34) pins ``gradio < 6`` and brings its own signaling; we want Gradio 6
-and one signaling path for every client (browser, aiortc peers, load tester). So the page is a Gradio
-``Blocks`` whose live panel is plain HTML driven by ``app/live/static/synchrony.js`` (injected through the
-page ``head``): it opens the camera and microphone, posts a WHIP offer with an ``events``
-DataChannel and the avatar's extra recvonly video m-line (wire v2), plays the returned video and, beside
-it, the spoken answer (its audio and avatar as one stream, so the browser lip-syncs them), and draws the
-events (transcript with per-word times, AU bars, load level and token rate, Level-3 status, LST figures,
-the answer's words lit as they are spoken, why it ended, warnings). Gradio itself shows the server's
-readiness and cold-start figures.
+Not fastrtc: it pins ``gradio < 6`` and brings its own signaling, and we want one signaling path for
+every client (browser, aiortc peers, load tester). The live panel is plain HTML driven by
+``app/live/static/synchrony.js``: it opens the camera and microphone, posts a WHIP offer (with the
+``events`` DataChannel and the avatar's recvonly video m-line, wire v2), plays the returned video and
+the spoken answer (one stream, so the browser lip-syncs it), and draws the events. Gradio shows the
+server's readiness and cold-start figures.
 
-When the server speaks its answers the page opens the microphone with the browser's echo cancellation on
-(``data-answers``): Chrome cannot turn it on later in a track's life, and without it the answer comes
-back into the microphone.
+When the server speaks its answers the page opens the microphone with echo cancellation on
+(``data-answers``): Chrome cannot turn it on later in a track's life.
 """
 
 from __future__ import annotations

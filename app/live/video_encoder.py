@@ -8,10 +8,15 @@ Bitrate control (REMB), packetization and keyframes on request stay aiortc's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import av
 from aiortc.codecs.vpx import Vp8Encoder
+
+import app.live.webrtc  # noqa: F401  (patches aiortc/aioice internals: the version pin)
+
+if TYPE_CHECKING:
+    from aiortc import RTCPeerConnection
 
 #: libvpx options that differ from aiortc's (the rest are kept).
 LEAN_OPTIONS = {"cpu-used": "16", "noise-sensitivity": "0"}
@@ -20,7 +25,7 @@ LEAN_OPTIONS = {"cpu-used": "16", "noise-sensitivity": "0"}
 class LeanVp8Encoder(Vp8Encoder):
     """``Vp8Encoder`` whose libvpx context is opened with aiortc's settings and :data:`LEAN_OPTIONS`."""
 
-    def encode(self, frame: Any, force_keyframe: bool = False) -> tuple[list[bytes], int]:
+    def encode(self, frame: av.VideoFrame, force_keyframe: bool = False) -> tuple[list[bytes], int]:
         if frame.format.name != "yuv420p":
             frame = frame.reformat(format="yuv420p")
         codec = self.codec
@@ -30,7 +35,7 @@ class LeanVp8Encoder(Vp8Encoder):
         return super().encode(frame, force_keyframe)  # aiortc sees an open context that fits: it encodes
 
 
-def _open(width: int, height: int, bitrate: int) -> Any:
+def _open(width: int, height: int, bitrate: int) -> av.CodecContext:
     """A libvpx context as aiortc 1.16 opens it (``Vp8Encoder.encode``), with :data:`LEAN_OPTIONS`."""
     codec = av.CodecContext.create("libvpx", "w")
     codec.width, codec.height, codec.pix_fmt = width, height, "yuv420p"
@@ -44,7 +49,7 @@ def _open(width: int, height: int, bitrate: int) -> Any:
     return codec
 
 
-def install(pc: Any) -> bool:
+def install(pc: RTCPeerConnection) -> bool:
     """Give the peer connection's video senders (the returned camera, the avatar) the lean encoder,
     where VP8 was negotiated (call after the answer is set, before media flows); False when none
     took it (H.264: aiortc's own)."""

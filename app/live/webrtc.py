@@ -1,23 +1,17 @@
-"""Every place the server reaches into aiortc's or aioice's internals, in one module, pinned.
+"""The server's patches of aiortc's and aioice's internals, pinned to the versions they were written for.
 
-These patches read private attributes and replace private methods, so they are right only for the
-versions they were written against: importing this module with other versions installed fails at
-once, with the pins to restore, instead of misbehaving in a live session.
+They read private attributes and replace private methods, so importing this module with other
+versions installed fails at once (:func:`check_versions`) instead of misbehaving in a live session.
+Here: ICE consent per RFC 7675 (:func:`patient_consent`: 30 s without an answered check, not six
+0.5 s misses, which closed healthy sessions when the cores were short); receiver hooks for the
+session clock (:func:`hook_receiver`, :func:`set_origin`); the answer's senders (one MediaStream id,
+sender reports on the media clock so encoder backlog does not leak into a browser's lip-sync, and the
+bundle's transport for a second video m-line).
 
-* ICE consent (RFC 7675): aioice sends a consent check every ~5 s, counts it failed unless the
-  answer comes within 0.5 s (no retransmission) and closes the connection after six failures in a
-  row. When the cores are short, answers wait in the server socket's receive queue for longer than
-  that, so healthy sessions were closed (bench/soak.py, docs/BENCHMARKS.md). RFC 7675 expires
-  consent 30 s after the last *answered* check; :func:`patient_consent` makes each check an ordinary
-  retransmitted STUN transaction and closes only after 30 s without one. A peer that really vanished
-  is still reaped by the session's media timeout (10 s) long before.
-* RTP receivers: the session clock needs each track's first packet arrival, its RTCP sender reports
-  and the RTP timestamp aiortc's ``frame.pts`` counts from; aiortc keeps all three inside
-  ``RTCRtpReceiver`` with no public API (:func:`hook_receiver`, :func:`set_origin`).
-* RTP senders: the answer's two tracks share one MediaStream id (:func:`share_stream`), and their
-  RTCP sender reports carry the media clock's RTP time at the report's NTP time instead of the last
-  packet's send time (:func:`media_clock_reports`), so encoder backlog does not leak into a
-  browser's lip-sync; a second video m-line gets the bundle's transport (:func:`share_transport`).
+Patches that belong to one job live beside it and import this module, so the pin covers them too:
+``app.live.jitter`` (receiver jitter buffers), ``app.live.video_encoder`` (the sender's VP8 encoder),
+``app.live.ice`` (aioice's host addresses), ``app.live.limits`` (the receiver's packet handler) and,
+for load-test peers, ``app.loadtest.netem`` (aioice's datagram send/receive). docs/ARCHITECTURE.md maps them.
 """
 
 from __future__ import annotations

@@ -1,18 +1,17 @@
 """What a peer measures of the spoken answer, from what it received: pure functions over plain data.
 
 The server's own figures (``answer_start.voice_latency_ms``, ``answer_sync``) restate its pipeline; these
-are measured at the client, on the decoded Opus and the decoded avatar frames, against truths the peer
-made itself:
+are measured at the client, on the decoded Opus and avatar frames, against truths the peer made itself:
 
 * voice-to-voice: the sent clip's known end of speech → the first received answer packet above
   ``LOUD_DBFS`` (wall time of the packet's arrival at the peer);
-* lip-sync: the mouth opening read from the received frames' pixels (dark pixels inside the mouth box)
-  against the received audio's envelope, both on the peer's own lip-sync clock (RTP mapped through the
-  RTCP sender reports, as a browser does), as the lag of maximum correlation (positive: video late);
-* barge-in: the onset of a second utterance the peer started during an answer → the answer's audio
-  going silent at the peer (its last loud packet, plus that packet's 20 ms);
-* an echo path (:class:`RoomResponse`): the received answer mixed back into the mic through a seeded room
-  response (30–250 ms), so the server's echo rejection can be checked together with a real barge-in.
+* lip-sync: the mouth opening read from the received frames' pixels against the received audio's
+  envelope, both on the peer's lip-sync clock (RTP mapped through the RTCP sender reports, as a browser
+  does), as the lag of maximum correlation (positive: video late);
+* barge-in: the onset of a second utterance started during an answer → the answer's audio going silent
+  at the peer (its last loud packet, plus that packet's 20 ms);
+* an echo path (:class:`RoomResponse`): the received answer mixed back into the mic through a seeded
+  room response (30–250 ms), so echo rejection is checked together with a real barge-in.
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from alignment.json_types import JsonObject
 from app.loadtest.config import (
     DEFAULT_TEXT,
     DEFAULT_VOICE,
@@ -33,6 +34,7 @@ from app.loadtest.config import (
     MAX_WORKERS,
     RoundConfig,
 )
+from app.loadtest.records import MachineInfo, RunInfo
 from app.loadtest.rounds import run_plan
 from app.loadtest.spawn import SpawnedServer, check_loopback_url, local_server_pid
 from app.loadtest.verdict import RECALL_BOUND
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "synchrony loadtest " + " ".join(sys.argv[1:] if argv is None else argv)
     server = None
-    server_info: dict[str, Any] = {}
+    server_info: JsonObject = {}
     try:
         if args.spawn_server:
             top = args.max_peers if args.find_max else args.peers
@@ -173,22 +175,22 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
-    report.update({"command": command, "url": url, "server_pid": pid, "server_ready": server_info,
-                   "machine": machine_info()})
-    json_path, html_path = loadreport.write_report(report, out_dir)
-    print(loadreport.text_summary(report))
+    report = replace(report, run=RunInfo(command, url, pid, server_info, machine_info()))
+    doc = report.to_json()
+    json_path, html_path = loadreport.write_report(doc, out_dir)
+    print(loadreport.text_summary(doc))
     print(f"report: {json_path}  {html_path}")
-    return EXIT_OK if report["result"]["ok"] else EXIT_BOUND
+    return EXIT_OK if report.result.ok else EXIT_BOUND
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info() -> MachineInfo:
     """The machine the report was made on (cores, load, memory), so its figures can be read for what they are."""
     import platform
 
     import psutil
 
-    return {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1)}
+    return MachineInfo(os.cpu_count(), [round(x, 2) for x in os.getloadavg()], platform.python_version(),
+                       round(psutil.virtual_memory().total / 2**30, 1))
 
 
 if __name__ == "__main__":

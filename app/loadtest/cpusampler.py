@@ -7,9 +7,27 @@ import contextlib
 import os
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from app.loadtest import metrics as lm
+
+if TYPE_CHECKING:
+    import psutil
+
+#: One CPU sample: (s since the round started, server tree %, load-test workers %, whole machine %).
+CpuSample = tuple[float, float | None, float, float]
+
+
+@dataclass(frozen=True)
+class SteadyCpu(lm.Record):
+    """Mean CPU % (100 = one core) over the samples taken with every session live (see :func:`steady_cpu`)."""
+
+    samples: int
+    cores: int
+    server: float | None
+    clients: float
+    machine: float
 
 
 class CpuSampler:
@@ -22,14 +40,14 @@ class CpuSampler:
 
         self._psutil = psutil
         self.server = psutil.Process(server_pid) if server_pid else None
-        self.workers: list[Any] = []
+        self.workers: list[psutil.Process] = []
         self.period_s = period_s
         self.max_samples = max_samples
-        self.samples: list[tuple[float, float | None, float, float]] = []  # (t, server %, clients %, machine %)
+        self.samples: list[CpuSample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._t0 = time.monotonic()
-        self._tree: dict[int, Any] = {}
+        self._tree: dict[int, psutil.Process] = {}
         self.readyz_url = readyz_url
         self.degradation: list[tuple[float, int]] = []  # (t, level) whenever the level changed
         self.sessions: list[tuple[float, int]] = []  # (t, live sessions) whenever the count changed
@@ -89,13 +107,13 @@ class CpuSampler:
         self._thread.start()
         return self
 
-    def stop(self) -> list[tuple[float, float | None, float, float]]:
+    def stop(self) -> list[CpuSample]:
         self._stop.set()
         self._thread.join(timeout=5)
         return list(self.samples)
 
 
-def steady_cpu(cpu: list[Any], sessions: list[tuple[float, int]], n: int) -> dict[str, Any] | None:
+def steady_cpu(cpu: list[CpuSample], sessions: list[tuple[float, int]], n: int) -> SteadyCpu | None:
     """Mean CPU % (100 = one core) of the server's process tree, the load-test workers and the whole
     machine over the samples taken while at least ``n`` sessions were live (the server's ``/readyz``,
     polled once a second); None without such a sample.
@@ -112,6 +130,6 @@ def steady_cpu(cpu: list[Any], sessions: list[tuple[float, int]], n: int) -> dic
         return None
     server = [s[1] for s in steady if s[1] is not None]
     cores = os.cpu_count() or 1
-    return {"samples": len(steady), "cores": cores, "server": round(sum(server) / len(server), 1) if server else None,
-            "clients": round(sum(s[2] for s in steady) / len(steady), 1),
-            "machine": round(sum(s[3] for s in steady) / len(steady) * cores, 1)}
+    return SteadyCpu(len(steady), cores, round(sum(server) / len(server), 1) if server else None,
+                     round(sum(s[2] for s in steady) / len(steady), 1),
+                     round(sum(s[3] for s in steady) / len(steady) * cores, 1))

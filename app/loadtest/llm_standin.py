@@ -1,17 +1,13 @@
 """A local OpenAI-compatible stand-in for a language model: a known first-token time, a steady stream.
 
-``POST /v1/chat/completions`` with ``stream: true`` answers server-sent events shaped like
-OpenAI's: the first content chunk ``ttft_s`` after the request arrived, then one piece every
-``1 / tokens_per_s`` s, then a chunk with ``finish_reason`` and ``[DONE]``. The answer is a short
-acknowledgement of the user's last message, streamed as a model does: sub-word pieces ("synchron",
-"y"), at most ``max_tokens`` pieces (``finish_reason: length`` when that cuts it). A message that
-mentions the weather also gets a ``get_weather`` tool call (OpenAI ``tool_calls`` deltas, argument
-fragments, ``finish_reason: tool_calls``) after a few words; one that mentions an umbrella gets a
-tool call only (an answer with no text). Every completion is kept in ``log`` (``StandInAnswer``):
-what it meant to send and what it did send, so SEQ-Integrity can be judged against it.
-Anything else is a 404/400 with a one-line JSON error. It exists so that turn latency, LST TTFT
-and SEQ-Integrity can be measured with a responder whose behaviour is known (``bench/turn_latency.py``,
-``synchrony certify --responder openai``), on loopback, without a model.
+It exists so that turn latency, LST TTFT and SEQ-Integrity can be measured with a responder whose
+behaviour is known (``bench/turn_latency.py``, ``synchrony certify --responder openai``), on loopback,
+without a model. ``POST /v1/chat/completions`` with ``stream: true`` answers OpenAI-shaped server-sent
+events: the first content chunk ``ttft_s`` after the request, then one sub-word piece every
+``1 / tokens_per_s`` s (at most ``max_tokens``: ``finish_reason: length``), then ``[DONE]``. A message
+naming the weather also gets a ``get_weather`` tool call after a few words; one naming an umbrella gets
+a tool call only. Every completion is kept in ``log`` (``StandInAnswer``: what it meant to send and what
+it sent), so SEQ-Integrity can be judged against it. Anything else is a 404/400 JSON error.
 
     python -m app.loadtest.llm_standin --port 8001 --ttft-ms 100
 """
@@ -23,7 +19,10 @@ import asyncio
 import itertools
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar
+
+from alignment.json_types import JsonObject
+from app.loadtest.loopback_http import LoopbackServer
 
 MAX_BODY = 256 * 1024
 _IDS = itertools.count(1)
@@ -53,56 +52,30 @@ class _Plan:
     finish_reason: str = "stop"
 
 
+@dataclass(frozen=True)
+class _Request:
+    plan: _Plan
+    user: str
+    usage: bool  # ``stream_options.include_usage``: a last chunk with the token counts
+
+
 @dataclass
-class StandInLLM:
+class StandInLLM(LoopbackServer[_Request]):
     """The server; ``start()`` binds 127.0.0.1 (port 0: any free one), ``base_url`` ends in /v1."""
 
+    route: ClassVar[str] = "/chat/completions"
+    max_body: ClassVar[int] = MAX_BODY
     ttft_s: float = 0.1
     tokens_per_s: float = 50.0
-    host: str = "127.0.0.1"
-    port: int = 0
-    requests: int = 0
     log: list[StandInAnswer] = field(default_factory=list)
-    _server: asyncio.Server | None = field(default=None, repr=False)
 
-    @property
-    def base_url(self) -> str:
-        assert self._server is not None, "not started"
-        return f"http://{self.host}:{self._server.sockets[0].getsockname()[1]}/v1"
+    def _parse(self, body: JsonObject) -> _Request:
+        plan, user = _plan(body)
+        return _Request(plan, user, bool((body.get("stream_options") or {}).get("include_usage")))
 
-    async def start(self) -> StandInLLM:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        return self
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        arrived = asyncio.get_running_loop().time()
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            lines = head.decode("latin-1").split("\r\n")
-            method, path = (lines[0].split() + ["", ""])[:2]
-            headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
-            length = int(headers.get("content-length", "0") or 0)
-            if method != "POST" or not path.endswith("/chat/completions"):
-                return await _error(writer, 404, f"no route {method} {path}")
-            if not 0 <= length <= MAX_BODY:
-                return await _error(writer, 400, "body too large")
-            try:
-                body = json.loads(await asyncio.wait_for(reader.readexactly(length), 10))
-                plan, user = _plan(body)
-            except (json.JSONDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
-                return await _error(writer, 400, f"bad request: {exc}")
-            self.requests += 1
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            await self._stream(writer, plan, user, arrived, usage, headers.get("traceparent"))
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def _answer(self, writer: asyncio.StreamWriter, request: _Request, headers: dict[str, str],
+                      arrived: float) -> None:
+        await self._stream(writer, request.plan, request.user, arrived, request.usage, headers.get("traceparent"))
 
     async def _stream(self, writer: asyncio.StreamWriter, plan: _Plan, user: str, arrived: float,
                       usage: bool, traceparent: str | None = None) -> None:
@@ -135,7 +108,7 @@ class StandInLLM:
                                           traceparent))
 
 
-def _reply(body: Any) -> list[str]:
+def _reply(body: JsonObject) -> list[str]:
     """A short answer that depends on the user's words (so responses differ per turn)."""
     messages = body["messages"]
     user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
@@ -151,7 +124,7 @@ def split_word(word: str) -> list[str]:
     return [word[:cut], word[cut:]]
 
 
-def _plan(body: Any) -> tuple[_Plan, str]:
+def _plan(body: JsonObject) -> tuple[_Plan, str]:
     """The pieces to send (sub-word, at most ``max_tokens``), and the tool call the message asks for."""
     messages = body["messages"]
     user = str(next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), ""))
@@ -170,9 +143,9 @@ def _plan(body: Any) -> tuple[_Plan, str]:
     return _Plan(tuple(pieces), None, finish_reason=finish), user
 
 
-def _deltas(plan: _Plan) -> list[tuple[dict[str, Any], str]]:
+def _deltas(plan: _Plan) -> list[tuple[JsonObject, str]]:
     """(delta, the content it carries) in order: content pieces, the tool call's deltas where due."""
-    out: list[tuple[dict[str, Any], str]] = [({"content": p}, p) for p in plan.pieces]
+    out: list[tuple[JsonObject, str]] = [({"content": p}, p) for p in plan.pieces]
     if plan.tool_after is not None:
         name, args = plan.tool
         half = len(args) // 2
@@ -186,21 +159,14 @@ def _deltas(plan: _Plan) -> list[tuple[dict[str, Any], str]]:
     return out
 
 
-def _chunk(cid: str, delta: dict[str, Any] | None, finish: str | None = None,
+def _chunk(cid: str, delta: JsonObject | None, finish: str | None = None,
            usage: dict[str, int] | None = None) -> bytes:
-    body: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "model": "standin",
+    body: JsonObject = {"id": cid, "object": "chat.completion.chunk", "model": "standin",
                             "choices": [] if delta is None else [{"index": 0, "delta": delta,
                                                                   "finish_reason": finish}]}
     if usage is not None:
         body["usage"] = usage
     return f"data: {json.dumps(body)}\n\n".encode()
-
-
-async def _error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
-    data = json.dumps({"error": {"message": message}}).encode()
-    writer.write(f"HTTP/1.1 {status} Error\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                 f"Connection: close\r\n\r\n".encode() + data)
-    await writer.drain()
 
 
 async def _serve(port: int, ttft_ms: float, rate: float) -> None:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from alignment.espeak import Speech
+    from app.loadtest.testmedia import AVClip
 
-def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: float, voice: str | None = None) -> Any:
+
+def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: float, voice: str | None = None) -> AVClip:
     """A talking-face clip with sync markers whose audio and video loop seamlessly.
 
     ``voice``: an espeak-ng voice or ``festival:<voice>``; by default the load test's
@@ -46,7 +50,7 @@ def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: floa
     return replace(clip, audio=audio, frames=frames)
 
 
-def _gate_pauses(speech: Any) -> Any:
+def _gate_pauses(speech: Speech) -> Speech:
     """The speech with the synthesizer's leading and trailing pause set to digital silence.
 
     festival's pauses hiss at about -60 dBFS; after the clip's digitally silent lead-in that step reads
@@ -66,7 +70,7 @@ def _gate_pauses(speech: Any) -> Any:
     return replace(speech, samples=x)
 
 
-def encode_vp8_loop(frames: list[np.ndarray], fps: float, bitrate: int = 800_000, gop: int = 25) -> list[Any]:
+def encode_vp8_loop(frames: list[np.ndarray], fps: float, bitrate: int = 800_000, gop: int = 25) -> list[bytes]:
     """The clip's frames encoded once as VP8 (a keyframe every ``gop`` frames, the first one too).
 
     ``--pre-encode`` sends these instead of encoding every frame per peer, so the load generator's

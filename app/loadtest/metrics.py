@@ -14,16 +14,28 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from alignment.json_types import JsonObject
 from alignment.rounding import round_or_none, to_ms
 from alignment.sync import FLAG_THRESHOLD_MS, TOLERANCE_MS
 from alignment.text import dictionary_form as normalise  # how token text is compared to the script
 from alignment.types import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from app.loadtest.testmedia import AVClip
+
+
+@dataclass(frozen=True)
+class Record:
+    """A frozen figures record that writes itself as the JSON object it replaces (field order = key order)."""
+
+    def to_json(self) -> JsonObject:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,7 @@ def word_ends(samples: np.ndarray, starts: Sequence[float], rel_threshold: float
     return ends
 
 
-def clip_truth(clip: Any) -> ClipTruth:
+def clip_truth(clip: AVClip) -> ClipTruth:
     """Ground truth of an ``app.loadtest.testmedia.AVClip``; word ends from the speech energy, clicks removed."""
     starts = [w.start for w in clip.words]
     audio = np.array(clip.audio, np.float32)
@@ -135,7 +147,7 @@ def truth_occurrences(truth: ClipTruth, until_s: float) -> list[tuple[int, Truth
 
 
 def match_tokens(
-    truth: ClipTruth, tokens: Iterable[tuple[float, dict[str, Any]]], until_s: float, tolerance_s: float = 0.45
+    truth: ClipTruth, tokens: Iterable[tuple[float, JsonObject]], until_s: float, tolerance_s: float = 0.45
 ) -> tuple[list[WordLatency], float | None, int]:
     """Match token events ``(arrival peer-clock s, message)`` to truth words.
 
@@ -180,7 +192,7 @@ def match_tokens(
     # A misheard word ("round" for "brown") still stands for the spoken word: match it by time,
     # to a word no token matched by text, when their intervals overlap by half the shorter one.
     text_matched = set(by)
-    unmatched: set[tuple[Any, Any, Any]] = set()
+    unmatched: set[tuple[object, object, object]] = set()
     for t, m in leftover:
         s0, s1 = float(m["start"]) + (lag or 0.0), float(m.get("end", m["start"])) + (lag or 0.0)
         best, best_overlap = None, 0.0
@@ -201,7 +213,7 @@ def match_tokens(
     return words, lag, len(unmatched)
 
 
-def _record(i: int, t: float, m: dict[str, Any], how: str, first: dict[int, float], final: dict[int, float],
+def _record(i: int, t: float, m: JsonObject, how: str, first: dict[int, float], final: dict[int, float],
             tstart: dict[int, float], by: dict[int, str]) -> None:
     first[i] = min(first.get(i, math.inf), t)
     tstart.setdefault(i, float(m["start"]))
@@ -210,9 +222,23 @@ def _record(i: int, t: float, m: dict[str, Any], how: str, first: dict[int, floa
         final[i] = min(final.get(i, math.inf), t)
 
 
+@dataclass(frozen=True)
+class TurnFigures(Record):
+    """Turn latency, ITL and jitter σ8 of the ``response`` words as one peer received them (ms)."""
+
+    utterances: int
+    turn_ms: list[float]
+    turn_ms_p50: float | None
+    turn_ms_p99: float | None
+    itl_ms_p50: float | None
+    itl_ms_max: float | None
+    jitter_ms_max: float | None
+    jitter_ms_p50: float | None
+
+
 def turn_latency_and_itl(
-    truth: ClipTruth, responses: Sequence[tuple[float, dict[str, Any]]], until_s: float
-) -> dict[str, Any]:
+    truth: ClipTruth, responses: Sequence[tuple[float, JsonObject]], until_s: float
+) -> TurnFigures:
     """Turn latency as the client sees it (truth utterance end → first ``response`` word arriving),
     ITL and jitter σ8 at the receiving peer. Not LST TTFT (the server's request → first content,
     ``lst_ttft_ms``): this wait holds the turn decision, the ASR and the turn-hold (docs/LST.md).
@@ -221,7 +247,7 @@ def turn_latency_and_itl(
     latest truth utterance end before its first word.
     """
     ends = [r * truth.period_s + truth.utterance_end for r in range(int(until_s // truth.period_s) + 1)]
-    groups: dict[Any, list[float]] = {}
+    groups: dict[object, list[float]] = {}
     for t, m in responses:
         groups.setdefault(m.get("utterance"), []).append(t)
     ttft, itl, sigmas = [], [], []
@@ -233,19 +259,54 @@ def turn_latency_and_itl(
         gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
         itl.extend(gaps)
         sigmas.extend(sigma_windows(gaps))
-    return {
-        "utterances": len(groups),
-        "turn_ms": [round(x * 1000, 1) for x in ttft],
-        "turn_ms_p50": to_ms(quantile(ttft, 0.5)),
-        "turn_ms_p99": to_ms(quantile(ttft, 0.99)),
-        "itl_ms_p50": to_ms(quantile(itl, 0.5)),
-        "itl_ms_max": to_ms(max(itl) if itl else None),
-        "jitter_ms_max": to_ms(max(sigmas) if sigmas else None),
-        "jitter_ms_p50": to_ms(quantile(sigmas, 0.5)),
-    }
+    return TurnFigures(
+        utterances=len(groups),
+        turn_ms=[round(x * 1000, 1) for x in ttft],
+        turn_ms_p50=to_ms(quantile(ttft, 0.5)),
+        turn_ms_p99=to_ms(quantile(ttft, 0.99)),
+        itl_ms_p50=to_ms(quantile(itl, 0.5)),
+        itl_ms_max=to_ms(max(itl) if itl else None),
+        jitter_ms_max=to_ms(max(sigmas) if sigmas else None),
+        jitter_ms_p50=to_ms(quantile(sigmas, 0.5)),
+    )
 
 
-def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FailedCheck(Record):
+    """One failed ``sync`` event and ``why`` (see :func:`failed_check`); the rest as the event carried it."""
+
+    why: str
+    token: str | None
+    audio: float | None
+    text: float | None
+    max_delta_ms: float | None
+    audio_error_ms: float | None
+    evidence: str | None
+
+
+@dataclass(frozen=True)
+class Level3Figures(Record):
+    """Level-3 at one peer, from its ``sync`` events (see :func:`level3`)."""
+
+    checks: int
+    ok: int
+    pass_rate: float | None
+    max_delta_ms_p50: float | None
+    max_delta_ms_p95: float | None
+    video_minus_audio_ms_p50: float | None
+    evidence_checks: int
+    evidence: dict[str, int]
+    # The validator's own offset policy: the evidence put the video more than 40 ms off the audio.
+    flagged: bool
+    # Words after silence checked against their acoustic onset (audio time vs the audio itself).
+    onset_checks: int
+    onset_failed: int
+    onset_error_ms_p50: float | None
+    # Why checks failed, so a report can tell a late caption from a misplaced word.
+    failed: list[FailedCheck]
+
+
+def level3(syncs: Sequence[JsonObject]) -> Level3Figures:
     """Level-3 figures from ``sync`` events: pass rate, deltas, the A/V offset the server saw.
 
     ``flagged``: the median evidence-based offset exceeds ``alignment.sync.FLAG_THRESHOLD_MS``.
@@ -268,31 +329,28 @@ def level3(syncs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for s in syncs:
         key = str(s.get("evidence", "assigned"))
         evidence[key] = evidence.get(key, 0) + 1
-    return {
-        "checks": n,
-        "ok": ok,
-        "pass_rate": round(ok / n, 4) if n else None,
-        "max_delta_ms_p50": round_or_none(quantile(deltas, 0.5), 2),
-        "max_delta_ms_p95": round_or_none(quantile(deltas, 0.95), 2),
-        "video_minus_audio_ms_p50": round_or_none(offset, 2),
-        "evidence_checks": len(av),
-        "evidence": evidence,
-        # The validator's own offset policy: the evidence put the video more than 40 ms off the audio.
-        "flagged": offset is not None and abs(offset) > FLAG_THRESHOLD_MS,
-        # Words after silence checked against their acoustic onset (audio time vs the audio itself).
-        "onset_checks": len(onset_err),
-        "onset_failed": sum(not bool(s.get("ok")) for s in onset_checked),
-        "onset_error_ms_p50": round_or_none(quantile(onset_err, 0.5), 2),
-        # Why checks failed, so a report can tell a late caption from a misplaced word.
-        "failed": [failed_check(s) for s in syncs if not s.get("ok")][:FAILED_KEPT],
-    }
+    return Level3Figures(
+        checks=n,
+        ok=ok,
+        pass_rate=round(ok / n, 4) if n else None,
+        max_delta_ms_p50=round_or_none(quantile(deltas, 0.5), 2),
+        max_delta_ms_p95=round_or_none(quantile(deltas, 0.95), 2),
+        video_minus_audio_ms_p50=round_or_none(offset, 2),
+        evidence_checks=len(av),
+        evidence=evidence,
+        flagged=offset is not None and abs(offset) > FLAG_THRESHOLD_MS,
+        onset_checks=len(onset_err),
+        onset_failed=sum(not bool(s.get("ok")) for s in onset_checked),
+        onset_error_ms_p50=round_or_none(quantile(onset_err, 0.5), 2),
+        failed=[failed_check(s) for s in syncs if not s.get("ok")][:FAILED_KEPT],
+    )
 
 
 #: How many failed checks a peer's report keeps (its first ones).
 FAILED_KEPT = 20
 
 
-def failed_check(sync: dict[str, Any]) -> dict[str, Any]:
+def failed_check(sync: JsonObject) -> FailedCheck:
     """One failed ``sync`` event, with ``why``: ``no_frame`` (no frame carried the word), ``late`` (its
     caption's first frame came over the tolerance after the word: the final came after the word's own
     frames were sent), ``onset`` (the word's time is off its acoustic onset), else ``delta`` (the
@@ -306,8 +364,7 @@ def failed_check(sync: dict[str, Any]) -> dict[str, Any]:
         why = "onset"
     else:
         why = "delta"
-    return {"why": why, "token": sync.get("token"), "audio": audio, "text": text, "max_delta_ms": delta,
-            "audio_error_ms": sync.get("audio_error_ms"), "evidence": sync.get("evidence")}
+    return FailedCheck(why, sync.get("token"), audio, text, delta, sync.get("audio_error_ms"), sync.get("evidence"))
 
 
 def flash_lags(
@@ -334,44 +391,78 @@ def flash_lags(
     return out
 
 
-def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LatencySummary(Record):
+    """Word→token latency at one peer (ms), first and final token, and recall (see :func:`summarise_latencies`)."""
+
+    words: int
+    matched: int
+    recall: float | None
+    recall_text: float | None
+    latency_ms_p50: float | None
+    latency_ms_p95: float | None
+    latency_ms_max: float | None
+    final_latency_ms_p50: float | None
+    final_latency_ms_p95: float | None
+
+
+def summarise_latencies(words: Sequence[WordLatency], settle_s: float = 0.0) -> LatencySummary:
     """p50/p95/max of word→token latency (first and final), recall; words before ``settle_s`` skipped."""
     ws = [w for w in words if w.start >= settle_s]
     first = [w.latency_s for w in ws if w.latency_s is not None]
     by_text = sum(w.matched_by == "text" for w in ws)
     final = [w.final_latency_s for w in ws if w.final_latency_s is not None]
-    return {
-        "words": len(ws),
-        "matched": len(first),
-        "recall": round(len(first) / len(ws), 4) if ws else None,
-        "recall_text": round(by_text / len(ws), 4) if ws else None,
-        "latency_ms_p50": to_ms(quantile(first, 0.5)),
-        "latency_ms_p95": to_ms(quantile(first, 0.95)),
-        "latency_ms_max": to_ms(max(first) if first else None),
-        "final_latency_ms_p50": to_ms(quantile(final, 0.5)),
-        "final_latency_ms_p95": to_ms(quantile(final, 0.95)),
-    }
+    return LatencySummary(
+        words=len(ws),
+        matched=len(first),
+        recall=round(len(first) / len(ws), 4) if ws else None,
+        recall_text=round(by_text / len(ws), 4) if ws else None,
+        latency_ms_p50=to_ms(quantile(first, 0.5)),
+        latency_ms_p95=to_ms(quantile(first, 0.95)),
+        latency_ms_max=to_ms(max(first) if first else None),
+        final_latency_ms_p50=to_ms(quantile(final, 0.5)),
+        final_latency_ms_p95=to_ms(quantile(final, 0.95)),
+    )
 
 
-def answer_stats(per_answer: Sequence[dict[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class AnswerStats(Record):
+    """Spoken-answer figures pooled over the answers one peer (or a round) decoded (ms)."""
+
+    answers: int
+    voice_to_voice_ms: list[float]
+    voice_to_voice_ms_p50: float | None
+    voice_to_voice_ms_p95: float | None
+    barge_ins: int
+    stop_ms: list[float]
+    stop_ms_p50: float | None
+    stop_ms_p99: float | None
+    false_interruptions: int
+    false_interruption_rate: float | None
+    lip_sync_ms: list[float]
+    lip_sync_ms_p50: float | None
+    lip_sync_abs_ms_p95: float | None
+
+
+def answer_stats(per_answer: Sequence[Mapping[str, object]]) -> AnswerStats:
     """Pooled figures over answers measured at a peer (``app.loadtest.voicepeer.answer_figures``)."""
-    v2v = [float(f["voice_to_voice_ms"]) for f in per_answer if isinstance(f.get("voice_to_voice_ms"), (int, float))]
-    stops = [float(f["stop_ms"]) for f in per_answer if isinstance(f.get("stop_ms"), (int, float))]
-    lips = [float(f["lip_sync_ms"]) for f in per_answer if isinstance(f.get("lip_sync_ms"), (int, float))]
+    v2v = [float(x) for f in per_answer if isinstance(x := f.get("voice_to_voice_ms"), (int, float))]
+    stops = [float(x) for f in per_answer if isinstance(x := f.get("stop_ms"), (int, float))]
+    lips = [float(x) for f in per_answer if isinstance(x := f.get("lip_sync_ms"), (int, float))]
     n = len(per_answer)
     false = sum(bool(f.get("false_interruption")) for f in per_answer)
-    return {
-        "answers": n,
-        "voice_to_voice_ms": v2v,
-        "voice_to_voice_ms_p50": round_or_none(quantile(v2v, 0.5), 1),
-        "voice_to_voice_ms_p95": round_or_none(quantile(v2v, 0.95), 1),
-        "barge_ins": sum(bool(f.get("barge_in")) for f in per_answer),
-        "stop_ms": stops,
-        "stop_ms_p50": round_or_none(quantile(stops, 0.5), 1),
-        "stop_ms_p99": round_or_none(quantile(stops, 0.99), 1),
-        "false_interruptions": false,
-        "false_interruption_rate": round(false / n, 4) if n else None,
-        "lip_sync_ms": lips,
-        "lip_sync_ms_p50": round_or_none(quantile(lips, 0.5), 1),
-        "lip_sync_abs_ms_p95": round_or_none(quantile([abs(x) for x in lips], 0.95), 1),
-    }
+    return AnswerStats(
+        answers=n,
+        voice_to_voice_ms=v2v,
+        voice_to_voice_ms_p50=round_or_none(quantile(v2v, 0.5), 1),
+        voice_to_voice_ms_p95=round_or_none(quantile(v2v, 0.95), 1),
+        barge_ins=sum(bool(f.get("barge_in")) for f in per_answer),
+        stop_ms=stops,
+        stop_ms_p50=round_or_none(quantile(stops, 0.5), 1),
+        stop_ms_p99=round_or_none(quantile(stops, 0.99), 1),
+        false_interruptions=false,
+        false_interruption_rate=round(false / n, 4) if n else None,
+        lip_sync_ms=lips,
+        lip_sync_ms_p50=round_or_none(quantile(lips, 0.5), 1),
+        lip_sync_abs_ms_p95=round_or_none(quantile([abs(x) for x in lips], 0.95), 1),
+    )

@@ -20,7 +20,13 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import aioice
+    from aiortc import RTCPeerConnection
+
+import app.live.webrtc  # noqa: F401  (patches aioice internals: the version pin)
 
 #: How many per-packet delays each direction keeps for reports (the counters are exact regardless).
 MAX_DELAY_SAMPLES = 50_000
@@ -109,7 +115,7 @@ class NetemProfile:
     def is_clean(self) -> bool:
         return self == NetemProfile(max_in_flight=self.max_in_flight)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The non-default settings, for reports."""
         base = asdict(NetemProfile())
         return {k: v for k, v in asdict(self).items() if v != base[k]}
@@ -345,7 +351,7 @@ class NetemLink:
         self.down = Impairment(down if down is not None else profile, seed, "down")
         self._t0: float | None = None
         self._on_verdict = on_verdict
-        self._hooked: list[Any] = []
+        self._hooked: list[aioice.Connection] = []
         self._pending: set[asyncio.Task] = set()
 
     def _now(self, data: bytes) -> tuple[float, bool]:
@@ -360,7 +366,7 @@ class NetemLink:
     def stats(self) -> dict[str, dict[str, float | int]]:
         return {"up": self.up.stats.summary(), "down": self.down.stats.summary()}
 
-    def attach_connection(self, conn: Any) -> None:
+    def attach_connection(self, conn: aioice.Connection) -> None:
         """Impair an ``aioice.Connection`` (both directions). Idempotent per connection."""
         if any(c is conn for c in self._hooked):
             return
@@ -415,7 +421,7 @@ class NetemLink:
         self.down.in_flight -= 1
         orig(data, component)
 
-    def attach_pc(self, pc: Any) -> int:
+    def attach_pc(self, pc: RTCPeerConnection) -> int:
         """Impair every ICE connection of an aiortc ``RTCPeerConnection``; returns how many were hooked.
 
         Call it after ``setLocalDescription`` (the transports exist then) and before media flows.

@@ -11,17 +11,6 @@ the real WebRTC stack over loopback. The API is deliberately small:
     peer.sent_video_wall(pts)     # wall time the frame at clip time ``pts`` was handed to the encoder
     peer.answer                   # AnswerListener: the spoken answer's audio and avatar (voicepeer.py)
     await peer.close()            # DELETE the session, close the peer connection
-
-With ``answer_video=True`` the offer carries the extra recvonly video m-line the server sends the
-avatar on (wire v2); the answer's audio always comes back on the audio m-line. ``decode_answer``
-decodes both and measures them (levels, mouth opening, one clock through the sender reports);
-without it the answer's packets are only counted.
-
-Audio is sent as 20 ms frames at 48 kHz, video at the clip's fps, both paced in real time from one
-shared start instant (``t0_wall``), so clip time t is sent at ``t0_wall + t``. After the clip ends the
-peer keeps sending silence and the last video frame (a quiet, still camera) until closed, unless
-``loop=True``. Wall times are ``time.monotonic()`` (system-wide on Linux, so comparable across
-processes on one machine).
 """
 
 from __future__ import annotations
@@ -37,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import av
 import httpx
@@ -45,10 +34,18 @@ import numpy as np
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
+from alignment.json_types import JsonObject
 from alignment.types import SAMPLE_RATE
 from app.live.ice import is_loopback_url, loopback_candidates
 from app.live.webrtc import patient_consent, share_transport
 from app.loadtest.voicepeer import AnswerListener, ScriptedMic, Utterance, answer_figures
+
+if TYPE_CHECKING:
+    from aiortc import RTCRtpTransceiver
+    from aiortc.rtp import RtpPacket
+
+    from app.loadtest.answers import EchoPath
+    from app.loadtest.testmedia import AVClip
 
 AUDIO_RATE = 48_000
 AUDIO_FRAME = 960  # 20 ms at 48 kHz
@@ -60,7 +57,7 @@ class ReceivedEvent:
     """One JSON message from the server's ``events`` channel and its arrival wall time."""
 
     wall: float
-    message: dict[str, Any] = field(repr=False)
+    message: JsonObject = field(repr=False)
 
     @property
     def type(self) -> str:
@@ -201,12 +198,21 @@ class ClipVideoTrack(MediaStreamTrack):
 
 
 class WhipPeer:
-    """An aiortc peer that publishes a clip over WHIP and collects the server's video and events."""
+    """An aiortc peer that publishes a clip over WHIP and collects the server's video and events.
+
+    With ``answer_video=True`` the offer carries the extra recvonly video m-line the server sends the
+    avatar on (wire v2); the answer's audio always comes back on the audio m-line. ``decode_answer``
+    decodes both and measures them (levels, mouth opening, one clock through the sender reports);
+    without it the answer's packets are only counted. Audio goes as 20 ms frames at 48 kHz, video at
+    the clip's fps, both paced from one start instant (``t0_wall``): clip time t is sent at
+    ``t0_wall + t``. After the clip the peer sends silence and the last frame until closed, unless
+    ``loop=True``. Wall times are ``time.monotonic()`` (comparable across processes on one machine).
+    """
 
     def __init__(
         self,
         url: str,
-        clip: Any = None,
+        clip: AVClip | None = None,
         *,
         token: str | None = None,
         keep_frames: int = 4,
@@ -216,7 +222,7 @@ class WhipPeer:
         fps: float | None = None,
         answer_video: bool = False,
         decode_answer: bool = True,
-        echo: Any = None,
+        echo: EchoPath | None = None,
         ice_from_server: bool = False,
         relay: bool = False,
         cafile: str | None = None,
@@ -246,7 +252,7 @@ class WhipPeer:
         self.answer_video = answer_video
         self.echo = echo
         self.answer = AnswerListener(decode=decode_answer, echo=echo, t0=lambda: self._start.wall)
-        self._avatar_transceiver: Any = None
+        self._avatar_transceiver: RTCRtpTransceiver | None = None
         self.audio_track = self._audio_track(audio, loop) if audio is not None else None
         self.video_track = self._video_track(frames, float(fps or 25.0), loop) if frames else None
         self.events: list[ReceivedEvent] = []
@@ -354,7 +360,7 @@ class WhipPeer:
         """Wall time (monotonic) at which clip time zero was sent."""
         return self._start.wall
 
-    def of_type(self, kind: str) -> list[dict[str, Any]]:
+    def of_type(self, kind: str) -> list[JsonObject]:
         """Messages of one ``type``, in arrival order."""
         return [e.message for e in self.events if e.type == kind]
 
@@ -370,8 +376,8 @@ class WhipPeer:
         return [f.to_ndarray(format="rgb24") for f in list(self.last_frames)]
 
     async def wait_for(
-        self, kind: str, predicate: Callable[[dict[str, Any]], bool] | None = None, timeout: float = 10.0
-    ) -> dict[str, Any]:
+        self, kind: str, predicate: Callable[[JsonObject], bool] | None = None, timeout: float = 10.0
+    ) -> JsonObject:
         """The first message of ``kind`` matching ``predicate``; TimeoutError if none arrives in time."""
         deadline = time.monotonic() + timeout
         while True:
@@ -407,7 +413,7 @@ class WhipPeer:
             self.events.append(ReceivedEvent(time.monotonic(), message))
             self._changed.set()
 
-    def _receiver_of(self, track: MediaStreamTrack) -> Any:
+    def _receiver_of(self, track: MediaStreamTrack) -> RTCRtpTransceiver | None:
         return next((t for t in self.pc.getTransceivers() if t.receiver.track is track), None)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
@@ -447,7 +453,7 @@ class VoicePeer(WhipPeer):
     answers (``answer``); it asks for the avatar. Its camera is ``frames`` looped."""
 
     def __init__(self, url: str, frames: list[np.ndarray], fps: float = 25.0, decode_camera: bool = True,
-                 **kwargs: Any) -> None:
+                 **kwargs: object) -> None:
         """``decode_camera=False``: the returned camera's frames are counted from RTP, not decoded."""
         kwargs.setdefault("answer_video", True)
         super().__init__(url, audio=np.zeros(AUDIO_FRAME, np.float32), frames=frames, fps=fps, loop=True, **kwargs)
@@ -458,7 +464,7 @@ class VoicePeer(WhipPeer):
         transceiver = self._receiver_of(track)
         if (track.kind == "video" and not self.decode_camera and transceiver is not None
                 and transceiver is not self._avatar_transceiver):
-            async def count(packet: Any, arrival_time_ms: int) -> None:
+            async def count(packet: RtpPacket, arrival_time_ms: int) -> None:
                 if packet.marker and packet.payload:
                     self.frames_received += 1
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 import httpx
 
+from alignment.json_types import JsonObject
 from alignment.lst import TIER_NAMES, tier_rank
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
@@ -34,7 +34,7 @@ def lst_url(url: str) -> str:
     return base + "/metrics/lst"
 
 
-def fetch_lst(url: str, timeout_s: float = 5.0, token: str | None = None) -> dict[str, Any]:
+def fetch_lst(url: str, timeout_s: float = 5.0, token: str | None = None) -> JsonObject:
     """GET the figures; ValueError with a one-line reason when they cannot be had."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
@@ -52,7 +52,7 @@ def fetch_lst(url: str, timeout_s: float = 5.0, token: str | None = None) -> dic
     return body
 
 
-def judge(snap: dict[str, Any], require: str | None, min_responses: int = 1) -> tuple[bool, str]:
+def judge(snap: JsonObject, require: str | None, min_responses: int = 1) -> tuple[bool, str]:
     """(passed, one-line reason)."""
     responses = int(snap.get("ttft_samples") or 0)
     tier = str(snap.get("tier", "none"))
@@ -65,7 +65,7 @@ def judge(snap: dict[str, Any], require: str | None, min_responses: int = 1) -> 
     return False, f"tier {tier} is below the required {require}"
 
 
-def summary_lines(snap: dict[str, Any]) -> list[str]:
+def summary_lines(snap: JsonObject) -> list[str]:
     def ms(key: str) -> str:
         v = snap.get(key)
         return "n/a" if v is None else f"{v:.1f} ms"

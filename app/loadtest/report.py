@@ -1,7 +1,8 @@
 """The load test's report: ``report.json`` (everything) and ``report.html`` (one self-contained page).
 
-The page has no external references (no CDN, no fonts, no scripts): charts are inline SVG drawn by
-matplotlib, so it can be archived next to the JSON and opened anywhere, offline.
+Both are drawn from the report's JSON document (``LoadReport.to_json()``), the one the page is archived
+next to, so an old report.json can be drawn again. The page has no external references (no CDN, no
+fonts, no scripts): charts are inline SVG drawn by matplotlib, so it opens anywhere, offline.
 """
 
 from __future__ import annotations
@@ -11,12 +12,18 @@ import io
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from alignment.json_types import JsonObject
 
-def write_report(report: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def write_report(report: JsonObject, out_dir: str | Path) -> tuple[Path, Path]:
     """Write ``report.json`` and ``report.html`` into ``out_dir``; return both paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -27,7 +34,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> tuple[Path, Pat
     return json_path, html_path
 
 
-def _json_default(obj: Any) -> Any:
+def _json_default(obj: object) -> object:
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, (set, tuple)):
@@ -39,7 +46,7 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{100 * x:.1f} %"
 
 
-def text_summary(report: dict[str, Any]) -> str:
+def text_summary(report: JsonObject) -> str:
     """A few lines for the terminal: per round the headline figures and PASS/FAIL."""
     lines = [f"command: {report.get('command', '')}"]
     for rnd in report.get("rounds", []):
@@ -85,7 +92,7 @@ def text_summary(report: dict[str, Any]) -> str:
 
 # --- charts -------------------------------------------------------------------------------------
 
-def figure_svg(fig: Any) -> str:
+def figure_svg(fig: Figure) -> str:
     """The figure as inline SVG text (then closed): the page must carry its charts, not link them."""
     import matplotlib.pyplot as plt
 
@@ -97,7 +104,7 @@ def figure_svg(fig: Any) -> str:
     return text[text.find("<svg"):]
 
 
-def new_figure(w: float = 7.0, h: float = 3.2) -> tuple[Any, Any]:
+def new_figure(w: float = 7.0, h: float = 3.2) -> tuple[Figure, Axes]:
     """A headless matplotlib figure whose SVG keeps its text as text (smaller, searchable)."""
     import matplotlib
 
@@ -108,7 +115,7 @@ def new_figure(w: float = 7.0, h: float = 3.2) -> tuple[Any, Any]:
     return plt.subplots(figsize=(w, h))
 
 
-def latency_cdf_svg(rnd: dict[str, Any]) -> str:
+def latency_cdf_svg(rnd: JsonObject) -> str:
     """CDF of word→token latency, one line per peer plus all peers pooled."""
     fig, ax = new_figure()
     pooled = []
@@ -132,7 +139,7 @@ def latency_cdf_svg(rnd: dict[str, Any]) -> str:
     return figure_svg(fig)
 
 
-def timelines_svg(rnd: dict[str, Any]) -> str:
+def timelines_svg(rnd: JsonObject) -> str:
     """Per peer over its own clock: token latency, Level-3 max delta, returned video frames per second."""
     peers = [p for p in rnd["peers"] if p.get("connected")]
     if not peers:
@@ -164,7 +171,7 @@ def timelines_svg(rnd: dict[str, Any]) -> str:
     return figure_svg(fig)
 
 
-def cpu_svg(rnd: dict[str, Any]) -> str:
+def cpu_svg(rnd: JsonObject) -> str:
     """CPU % over the round: server process tree, load-test workers, whole machine (100 % = one core)."""
     cpu = rnd.get("cpu") or []
     if not cpu:
@@ -183,7 +190,7 @@ def cpu_svg(rnd: dict[str, Any]) -> str:
     return figure_svg(fig)
 
 
-def ramp_svg(report: dict[str, Any]) -> str:
+def ramp_svg(report: JsonObject) -> str:
     rounds = report.get("rounds", [])
     if len(rounds) < 2:
         return ""
@@ -213,7 +220,7 @@ code{background:#f6f6f6;padding:1px 4px}svg{max-width:100%;height:auto}
 """
 
 
-def _cell(v: Any) -> str:
+def _cell(v: object) -> str:
     if v is None:
         return "<td>—</td>"
     if isinstance(v, bool):
@@ -223,7 +230,7 @@ def _cell(v: Any) -> str:
     return f"<td class=l>{html.escape(str(v))}</td>"
 
 
-def _peer_table(rnd: dict[str, Any]) -> str:
+def _peer_table(rnd: JsonObject) -> str:
     cols = ["peer", "worker", "offset ms", "netem", "connected", "words", "recall", "p50 ms", "p95 ms",
             "final p95 ms", "turn latency p50 ms", "jitter σ8 max ms", "L3 checks", "L3 pass", "video−audio ms",
             "flagged", "evidence", "flash lag ms", "frames back", "fps back", "loss up/down", "answers",
@@ -246,13 +253,13 @@ def _peer_table(rnd: dict[str, Any]) -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
-def _answer_cells(a: dict[str, Any]) -> list[Any]:
+def _answer_cells(a: JsonObject) -> list[object]:
     return [a.get("answers", a.get("starts")), a.get("voice_to_voice_ms_p50"), a.get("voice_to_voice_ms_p95"),
             a.get("barge_ins"), a.get("stop_ms_p50"), a.get("stop_ms_p99"), a.get("false_interruptions"),
             a.get("lip_sync_ms_p50"), a.get("lip_sync_abs_ms_p95"), a.get("audio_packets")]
 
 
-def _aggregate_table(rnd: dict[str, Any]) -> str:
+def _aggregate_table(rnd: JsonObject) -> str:
     a = rnd["aggregate"]
     rows = "".join(f"<tr><th class=l>{html.escape(k)}</th>{_cell(v)}</tr>" for k, v in a.items()
                    if k not in ("bounds", "latency_by_window", "answer"))
@@ -267,7 +274,7 @@ def _aggregate_table(rnd: dict[str, Any]) -> str:
     return f"<table>{rows}{checks}</table>"
 
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: JsonObject) -> str:
     """The whole page as one string."""
     res = report.get("result", {})
     parts = [

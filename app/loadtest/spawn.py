@@ -12,8 +12,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
+
+from alignment.json_types import JsonObject
 
 
 def check_loopback_url(url: str) -> str:
@@ -61,7 +62,7 @@ class SpawnedServer:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      cwd=None if code_dir is None else str(code_dir))
 
-    def wait_ready(self, timeout_s: float = 180.0) -> dict[str, Any]:
+    def wait_ready(self, timeout_s: float = 180.0) -> JsonObject:
         import httpx
 
         deadline = time.monotonic() + timeout_s
@@ -118,7 +119,7 @@ def scrape_metrics(whip_url: str, max_lines: int = 400) -> dict[str, float]:
     return out
 
 
-def scrape_lst(whip_url: str) -> dict[str, Any] | None:
+def scrape_lst(whip_url: str) -> JsonObject | None:
     """The server's pooled LST figures (``GET /metrics/lst``), None if it has none."""
     import httpx
 

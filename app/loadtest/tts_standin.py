@@ -16,16 +16,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import os
 import wave
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from alignment.espeak import TimedWord, resample, synthesize_speech
+from alignment.json_types import JsonObject
 from alignment.types import SAMPLE_RATE
+from app.loadtest.loopback_http import LoopbackServer, error_body, reply
 
 MAX_BODY = 64 * 1024
 OUT_RATE = 24_000
@@ -33,91 +34,51 @@ MODES = ("ok", "slow", "garbage", "error")
 ENGINES = ("espeak", "kal_diphone")
 
 
+@dataclass(frozen=True)
+class _Request:
+    text: str
+    speed: float
+
+
 @dataclass
-class StandInTTS:
+class StandInTTS(LoopbackServer[_Request]):
     """The server; ``start()`` binds 127.0.0.1 (port 0: any free one), ``base_url`` ends in /v1."""
 
+    route: ClassVar[str] = "/audio/speech"
+    max_body: ClassVar[int] = MAX_BODY
     mode: str = "ok"
     engine: str = "espeak"
     delay_s: float = 30.0  # "slow": how long before the answer
-    host: str = "127.0.0.1"
-    port: int = 0
-    requests: int = 0
     #: The last phrase's words and their exact onsets (s from the returned audio's first sample).
     last_truth: tuple[TimedWord, ...] = ()
-    _server: asyncio.Server | None = field(default=None, repr=False)
-    _handlers: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES or self.engine not in ENGINES:
             raise ValueError(f"mode must be one of {MODES}, engine one of {ENGINES}")
 
-    @property
-    def base_url(self) -> str:
-        assert self._server is not None, "not started"
-        return f"http://{self.host}:{self._server.sockets[0].getsockname()[1]}/v1"
+    def _parse(self, body: JsonObject) -> _Request:
+        text = body["input"]
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("input must be a non-empty string")
+        if body.get("response_format", "wav") != "wav":
+            raise ValueError("only response_format 'wav' is served")
+        speed = float(body.get("speed", 1.0))
+        if not 0.25 <= speed <= 4.0:
+            raise ValueError("speed must be within 0.25..4")
+        return _Request(text, speed)
 
-    async def start(self) -> StandInTTS:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        return self
-
-    async def stop(self) -> None:
-        """Stop listening and end the requests still in progress (a "slow" one waits otherwise)."""
-        if self._server is not None:
-            self._server.close()
-            for task in list(self._handlers):
-                task.cancel()
-            await asyncio.gather(*self._handlers, return_exceptions=True)
-            await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            lines = head.decode("latin-1").split("\r\n")
-            method, path = (lines[0].split() + ["", ""])[:2]
-            headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
-            length = int(headers.get("content-length", "0") or 0)
-            if method != "POST" or not path.endswith("/audio/speech"):
-                return await _reply(writer, 404, _error(f"no route {method} {path}"))
-            if not 0 <= length <= MAX_BODY:
-                return await _reply(writer, 400, _error("body too large"))
-            try:
-                body = json.loads(await asyncio.wait_for(reader.readexactly(length), 10))
-                text, speed = _request(body)
-            except (json.JSONDecodeError, ValueError, TypeError, KeyError) as exc:
-                return await _reply(writer, 400, _error(f"bad request: {exc}"))
-            self.requests += 1
-            if self.mode == "slow":
-                await asyncio.sleep(self.delay_s)
-            if self.mode == "error":
-                return await _reply(writer, 500, _error("the stand-in was told to fail"))
-            if self.mode == "garbage":
-                junk = np.random.default_rng(self.requests).bytes(4096)
-                return await _reply(writer, 200, junk, "audio/wav")
-            audio, truth = await asyncio.to_thread(_speak, self.engine, text, speed)
-            self.last_truth = truth
-            await _reply(writer, 200, _wav(audio), "audio/wav")
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError,
-                asyncio.CancelledError):
-            pass
-        finally:
-            self._handlers.discard(task)
-            writer.close()
-
-
-def _request(body: Any) -> tuple[str, float]:
-    text = body["input"]
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("input must be a non-empty string")
-    if body.get("response_format", "wav") != "wav":
-        raise ValueError("only response_format 'wav' is served")
-    speed = float(body.get("speed", 1.0))
-    if not 0.25 <= speed <= 4.0:
-        raise ValueError("speed must be within 0.25..4")
-    return text, speed
+    async def _answer(self, writer: asyncio.StreamWriter, request: _Request, headers: dict[str, str],
+                      arrived: float) -> None:
+        if self.mode == "slow":
+            await asyncio.sleep(self.delay_s)
+        if self.mode == "error":
+            return await reply(writer, 500, error_body("the stand-in was told to fail"))
+        if self.mode == "garbage":
+            junk = np.random.default_rng(self.requests).bytes(4096)
+            return await reply(writer, 200, junk, "audio/wav")
+        audio, truth = await asyncio.to_thread(_speak, self.engine, request.text, request.speed)
+        self.last_truth = truth
+        await reply(writer, 200, _wav(audio), "audio/wav")
 
 
 def _speak(engine: str, text: str, speed: float) -> tuple[np.ndarray, tuple[TimedWord, ...]]:
@@ -139,16 +100,6 @@ def _wav(audio: np.ndarray) -> bytes:
         fh.setframerate(OUT_RATE)
         fh.writeframes((np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes())
     return buf.getvalue()
-
-
-def _error(message: str) -> bytes:
-    return json.dumps({"error": {"message": message}}).encode()
-
-
-async def _reply(writer: asyncio.StreamWriter, status: int, data: bytes, ctype: str = "application/json") -> None:
-    writer.write(f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\nContent-Type: {ctype}\r\n"
-                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
-    await writer.drain()
 
 
 async def _serve(port: int, mode: str, engine: str, delay_s: float) -> None:

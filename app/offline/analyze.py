@@ -14,9 +14,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from alignment.frames import FPS, attach_tokens, frame_count
+from alignment.json_types import JsonObject
 from alignment.types import WordToken
 from app import pipeline
 from app.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_PARTIAL
@@ -77,7 +78,7 @@ def make_renderer(options: AnalyzeOptions) -> FrameRenderer:
     return pipeline.renderer(backend, options.svd_model, realtime=False, **options.svd_options)
 
 
-def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[dict[str, Any], int]:
+def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[JsonObject, int]:
     """Run the pipeline on ``path``; write report.json (and annotated.mp4); return (report, exit code).
 
     Raises app.offline.media_io.MediaError when the input is not usable media at all.
@@ -92,7 +93,7 @@ def analyze(path: str | Path, options: AnalyzeOptions) -> tuple[dict[str, Any], 
     synced = _sync(media, heard, n_frames, clock, warnings)
 
     options.out_dir.mkdir(parents=True, exist_ok=True)
-    renderer_report: dict[str, Any] = {"backend": "overlay"}
+    renderer_report: JsonObject = {"backend": "overlay"}
     if renderer is not None and n_frames:
         renderer_report = _write_video(media, heard, synced, n_frames, renderer, options, clock)
     elif renderer is not None:
@@ -158,7 +159,7 @@ def _sync(media: DecodedMedia, heard: Heard, n_frames: int, clock: StageClock, w
 
 
 def _write_video(media: DecodedMedia, heard: Heard, synced: Synced, n_frames: int, renderer: FrameRenderer,
-                 options: AnalyzeOptions, clock: StageClock) -> dict[str, Any]:
+                 options: AnalyzeOptions, clock: StageClock) -> JsonObject:
     """annotated.mp4 (the renderer's frames with the input audio); the renderer's own report."""
     from models.svd import SVDRenderer
 

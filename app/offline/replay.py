@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
+from alignment.json_types import JsonObject
 from alignment.lst import LSTMeter
 from alignment.pacing import TokenPacer
 from alignment.types import LoadEstimate, TokenRatePolicy, WordToken
@@ -43,7 +43,7 @@ def _policy_at(t: float, loads: Sequence[LoadEstimate]) -> TokenRatePolicy:
     return policy
 
 
-def replay_lst(tokens: Sequence[WordToken], loads: Sequence[LoadEstimate], asr_seconds: float) -> dict[str, Any]:
+def replay_lst(tokens: Sequence[WordToken], loads: Sequence[LoadEstimate], asr_seconds: float) -> JsonObject:
     """LST figures of the caption response stream for ``tokens`` (grouped by utterance)."""
     utterances: dict[int, list[WordToken]] = {}
     for tok in tokens:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from alignment.frames import FPS
+from alignment.json_types import JsonObject
 from alignment.types import AU_NAMES
 from app.offline.media_io import DecodedMedia
 from app.offline.stages import Heard, Synced
@@ -18,7 +17,7 @@ def build_report(
     wall: float,
     n_frames: int,
     warnings: list[str],
-) -> dict[str, Any]:
+) -> JsonObject:
     """Everything the run found, JSON-ready; times in seconds on the session clock."""
     tokens, faces = heard.tokens, heard.faces
     loads, checks, offset = synced.loads, synced.checks, synced.offset
@@ -59,7 +58,7 @@ def build_report(
     }
 
 
-def summary(report: dict[str, Any]) -> str:
+def summary(report: JsonObject) -> str:
     """A few human lines about a report."""
     sync = report["sync"]
     lines = [

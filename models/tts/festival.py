@@ -1,18 +1,15 @@
 """Festival speech for the answers: a small pool of resident festival processes shared by all sessions.
 
-Starting festival and loading a voice costs more than speaking a short phrase, so each process
-stays up and takes one phrase at a time. They are ``festival --pipe`` children fed Scheme on stdin,
-not ``festival --server``: no TCP port to allocate, guard or collide with between several servers
-on one machine (festival's server protocol trusts any local client), a dead child shows at once as
-end-of-file on its pipe, and the pool already serialises requests per process. Festival buffers
-stdout, so every reply line goes to stderr (unbuffered), where its own errors land in order too.
+Loading a voice costs more than speaking a phrase, so each process stays up and takes one phrase at a
+time. They are ``festival --pipe`` children fed Scheme on stdin, not ``festival --server``: no TCP
+port to guard (its protocol trusts any local client), a dead child shows at once as end-of-file, and
+the pool serialises requests per process. Festival buffers stdout, so replies go to stderr.
 
-Times come from the utterance: each of our tokens is a Token item whose Word daughters reach their
-segments through SylStructure; the Segment relation gives every phone's end. The HTS voice ignores
-``Duration_Stretch`` (the HTS engine sets its durations), so its rate is the engine's speed ``-r``;
-the diphone voices take ``Duration_Stretch``; both from the voice's :data:`NATURAL_WPM`. Pipe I/O
-runs in the pool's threads (one per process); past a request's deadline its process is killed and
-started again, as is any process found dead (docs/SPEECH.md).
+Times come from the utterance: each token's Word daughters reach their segments through SylStructure,
+and the Segment relation gives every phone's end. The HTS voice ignores ``Duration_Stretch``, so its
+rate is the engine's speed ``-r``; diphone voices take ``Duration_Stretch``; both from the voice's
+:data:`NATURAL_WPM`. Past a request's deadline its process is killed and restarted, as is any process
+found dead (docs/SPEECH.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """Text normalisation for speech: what a display word is read as, word by word.
 
-An answer is shown as text and spoken aloud, and the caption must highlight the word being heard:
-"42" is shown but "forty two" is said. So normalisation never rewrites the text wholesale; it
-maps each display word (a whitespace-separated token of the text once markdown and emoji are
-gone, punctuation kept) to the tokens a synthesizer is given (:class:`NormalizedWord`). A spoken
-token is ASCII letters and inner apostrophes only, so no synthesizer re-reads it (festival's own
-tokenizer would say "3.5%" its way and lose the mapping). Upper-case acronyms are passed through
-(festival spells "FBI", says "NASA"). A display word with nothing to say (a lone dash, a symbol
-we do not read) has an empty ``spoken``.
+An answer is shown and spoken, and the caption highlights the word being heard: "42" is shown but
+"forty two" is said. So the text is never rewritten wholesale: each display word (a whitespace token
+once markdown and emoji are gone) maps to the tokens a synthesizer is given (:class:`NormalizedWord`).
+A spoken token is ASCII letters and inner apostrophes only, so no synthesizer re-reads it its own way;
+upper-case acronyms pass through; a word with nothing to say has an empty ``spoken``.
 
-Covered: cardinals, negatives, decimals, ordinals, years, percentages, currency ($ € £ ¥, with
-k/m/bn suffixes), clock times (10:30, 9am), fractions, ranges, common abbreviations (Dr., Mr.,
-e.g., etc.), units after numbers, symbols (& % + @ = # ° ~), e-mail and web addresses, markdown
-(emphasis, headers, bullets, links, code marks, tables) and emoji.
+Covered: numbers (cardinal, negative, decimal, ordinal, year, percent, currency with k/m/bn), clock
+times, fractions, ranges, common abbreviations, units, symbols, e-mail and web addresses, markdown
+and emoji.
 """
 
 from __future__ import annotations

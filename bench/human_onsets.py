@@ -1,0 +1,127 @@
+"""Benchmark: offline word-onset accuracy on the hand-read human speech sets, per speaker.
+
+Truth is onsets read by hand (bench/data/human_speech.json and human_onsets.json: connected speech;
+the clips of bench/data/isolated_words.json that carry an ``onset``), never an aligner's. Each clip goes through
+the offline path that bench/word_timing.py scores as "offline" (``transcribe_words`` then
+``refine_word_times``); recognised words are matched to the hand-read ones by text, as there. An
+isolated clip is padded with 0.5 s of silence on each side. Per speaker and part of the split:
+share within +-40 ms with a Wilson 95 % interval, for all words and for the 'clear' ones, mean
+|error|, median signed error, and words the recogniser missed (no match).
+
+    .venv/bin/python bench/human_onsets.py                  # both sets, all speakers
+    .venv/bin/python bench/human_onsets.py --part heldout   # the held-out speakers only
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from alignment.text import agreement_key  # noqa: E402
+from alignment.timing import refine_word_times  # noqa: E402
+from alignment.types import SAMPLE_RATE  # noqa: E402
+from bench.human_data import load  # noqa: E402
+from bench.isolated_words import wilson  # noqa: E402
+from models.asr import transcribe_words  # noqa: E402
+
+DATA = Path(__file__).with_name("data")
+PAD_S = 0.5
+#: human_onsets.json (the first hand-read set) marks confidence high / low.
+CONFIDENCE = {"high": "clear", "low": "unclear"}
+
+
+@dataclass(frozen=True)
+class Clip:
+    """One recording with its hand-read words (text, onset s, confidence)."""
+
+    source: str
+    speaker: str
+    part: str
+    raw_rate: int
+    words: tuple[tuple[str, float, str], ...]
+    pad: bool
+
+
+def clips(part: str) -> list[Clip]:
+    """The connected clips and the isolated clips with an onset, of ``part`` ('all' for every one)."""
+    out = []
+    for name in ("human_speech.json", "human_onsets.json", "isolated_words.json"):
+        data = json.loads((DATA / name).read_text())
+        part_of = {s: p for p, speakers in data.get("split", {}).items() for s in speakers}
+        for c in data["clips"]:
+            spk = c.get("speaker", "?")
+            if part != "all" and part_of.get(spk) != part:
+                continue
+            if "words" in c:
+                words = tuple((w["text"], float(w["onset"]), CONFIDENCE.get(w["confidence"], w["confidence"]))
+                              for w in c["words"])
+            elif "onset" in c:
+                words = ((c["text"], float(c["onset"]), c["confidence"]),)
+            else:
+                continue
+            out.append(Clip(c["source"], spk, part_of.get(spk, "?"), int(c.get("raw_rate", 16000)), words,
+                            pad="words" not in c))
+    return out
+
+
+def errors(clip: Clip) -> list[tuple[float | None, str]]:
+    """(signed onset error ms, or None where unmatched; confidence) per hand-read word of ``clip``."""
+    audio = load(clip.source, clip.raw_rate)
+    if audio is None:
+        return []
+    lead = PAD_S if clip.pad else 0.0
+    pad = np.zeros(int(PAD_S * SAMPLE_RATE), np.float32)
+    audio = np.concatenate([pad, audio, pad]) if clip.pad else np.concatenate([audio, pad])
+    words = refine_word_times(audio, 0.0, transcribe_words(audio, refine=False))
+    a = [agreement_key(w.text) for w in words]
+    b = [agreement_key(t) for t, _, _ in clip.words]
+    got = {blk.b + i: 1000 * (words[blk.a + i].start - clip.words[blk.b + i][1] - lead)
+           for blk in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks() for i in range(blk.size)}
+    return [(got.get(k), clip.words[k][2]) for k in range(len(b))]
+
+
+def line(label: str, rows: list[tuple[float | None, str]]) -> str:
+    e = np.array([r for r, _ in rows if r is not None], float)
+    ec = np.array([r for r, c in rows if r is not None and c == "clear"], float)
+    k, n = int(np.sum(np.abs(e) <= 40)), e.size
+    kc, nc = int(np.sum(np.abs(ec) <= 40)), ec.size
+    lo, hi = wilson(k, n)
+    loc, hic = wilson(kc, nc)
+    if n == 0:
+        return f"  {label:<22} no matched words ({len(rows)} hand-read)"
+    return (f"  {label:<22} {k:>3}/{n:<3} within ±40 ms {100 * k / n:5.1f} % [{100 * lo:.1f}–{100 * hi:.1f}]"
+            f"  clear {kc}/{nc} {100 * kc / max(nc, 1):5.1f} % [{100 * loc:.1f}–{100 * hic:.1f}]"
+            f"  mean |e| {np.abs(e).mean():5.1f} ms  median signed {np.median(e):+6.1f}  unmatched {len(rows) - n}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("all", "tuning", "heldout"), default="all")
+    args = ap.parse_args(argv)
+    print(f"$ python bench/human_onsets.py --part {args.part}")
+    print(f"load average {os.getloadavg()[0]:.1f} at start; 2-core machine")
+    by_speaker: dict[tuple[str, str, str], list[tuple[float | None, str]]] = {}
+    for clip in clips(args.part):
+        kind = "connected" if not clip.pad else "isolated"
+        by_speaker.setdefault((clip.part, kind, clip.speaker), []).extend(errors(clip))
+    pooled: dict[str, list[tuple[float | None, str]]] = {}
+    for (part, kind, spk), rows in sorted(by_speaker.items()):
+        print(line(f"{part}/{kind}/{spk}", rows))
+        pooled.setdefault(f"{part}/{kind}", []).extend(rows)
+        pooled.setdefault("all", []).extend(rows)
+    for label, rows in sorted(pooled.items()):
+        print(line(f"pooled {label}", rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
