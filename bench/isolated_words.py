@@ -141,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             line.append(f"{tr.text}->{' '.join(f.text for f in got) or '-'}{'' if ok else ' (!)'}")
         print(f"  session {k + 1}: " + "; ".join(line), flush=True)
     lo, hi = wilson(correct, n_words)
-    print(f"\nsessions {args.start + 1}-{args.start + args.sessions}, {n_words} isolated clips"
-          " (asterisk-core-sounds-en-wav, one female"
-          f" speaker), {time.perf_counter() - t0:.0f} s")
+    names = ", ".join(sorted(speakers or data.get("speakers", {}))) or "asterisk_allison_f"
+    print(f"\nsessions {args.start + 1}-{args.start + args.sessions}, {n_words} isolated clips ({names}),"
+          f" {time.perf_counter() - t0:.0f} s")
     print(f"  finalised correctly: {correct}/{n_words} = {100 * correct / n_words:.1f} %"
           f" (Wilson 95 % {100 * lo:.1f}-{100 * hi:.1f} %)")
     ilo, ihi = wilson(inventing, n_words)
