@@ -85,3 +85,54 @@ def test_a_made_up_phrase_after_a_one_word_utterance_is_never_final():
     finals = [e.text for e in events if isinstance(e, WordToken) and e.final]
     assert finals == ["Phil."] or finals == ["Phil"], finals
     assert asr.unsupported >= 1
+
+
+def test_a_word_on_the_audio_of_the_final_word_before_it_is_not_supported():
+    """tiny.en, given a window that ends inside a long word, hears it twice ("Whiskey Whiskey."):
+    forced through both, the aligner puts the copy inside the first word's span. The copy shares
+    that word's audio; the words of a sentence, each after the one before it, do not."""
+    said = testmedia.speak("whiskey", "en-us", lead_in_s=LEAD_S)
+    audio = np.concatenate([said.samples, np.zeros(SAMPLE_RATE // 2, np.float32)])
+    end = (np.nonzero(np.abs(said.samples) > 0.01)[0][-1] + 1) / SAMPLE_RATE
+    one = align_words(audio, 0.0, [WordToken("whiskey", said.words[0].start, end)])
+    assert one.placed == (True,)
+    first = one.words[0]
+    two = align_words(audio, 0.0, [WordToken("whiskey", first.start, first.end, index=0),
+                                   WordToken("whiskey", first.start + 0.1, first.end, index=1)])
+    copy = two.words[1]
+    assert first.start < copy.start < first.end
+    kw = {"before": ["whiskey"], "previous_start": first.start, "previous_end": first.end}
+    assert judge(audio, 0.0, [copy], [True], **kw).reasons == ("overlap",)
+    # A word refused before it is not the word it follows: "You Hotel." after a final "hotel".
+    lead = WordToken("you", 0.05, 0.12)
+    reasons = judge(audio, 0.0, [lead, first], [True, True], **kw).reasons
+    assert reasons[0] and reasons[1] == "overlap", reasons
+
+
+def test_each_word_of_a_sentence_after_the_one_before_it_is_supported(sentence):
+    """The shared-span rule against connected speech: each word judged after the final word before
+    it (as the streaming recogniser finalises them, one or two at a time)."""
+    words = list(align_words(sentence.samples, 0.0, _truth_tokens(sentence)).words)
+    for prev, w in zip(words, words[1:], strict=False):
+        v = judge(sentence.samples, 0.0, [w], [True], previous_start=prev.start, previous_end=prev.end)
+        assert v.supported == (True,), (w.text, v.reasons)
+
+
+@pytest.mark.parametrize("word", ["no", "seven"])
+def test_a_word_said_again_after_a_short_pause_comes_through_both_times(whisper_model, word):
+    """The next utterance opens on the last one's words (the carry). When its first word repeats a
+    carried one, the recogniser hears it again without the carry (forced through it, tiny.en says
+    carried words again over other speech); a user saying the word again is still heard (real
+    tiny.en, espeak-ng speech)."""
+    a = testmedia.speak(word, "en-us", lead_in_s=0.3)
+    b = testmedia.speak(word, "en-us", lead_in_s=1.0)
+    audio = np.concatenate([a.samples, b.samples, np.zeros(SAMPLE_RATE, np.float32)])
+    asr = StreamingASR(model=whisper_model)
+    events = [e for i in range(0, audio.size, 320) for e in asr.feed(AudioChunk(i / SAMPLE_RATE, audio[i : i + 320]))]
+    events += asr.flush()
+    finals = [(e.utterance, agreement_key(e.text)) for e in events if isinstance(e, WordToken) and e.final]
+    key = agreement_key(word)
+    spoken = {key, {"seven": "7"}.get(key, key)}
+    # (the first utterance, a lone short word at the stream's start, is not what this is about)
+    assert [u for u, _ in finals][-1:] == [1] and len(finals) == len(set(finals)), finals
+    assert all(k in spoken for _, k in finals), finals
