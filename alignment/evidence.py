@@ -1,33 +1,18 @@
 """Independent evidence of the audio/video offset: sync markers and lip motion vs speech.
 
-The pipeline's own pts prove nothing about whether the picture and the sound agree; this module
-measures how late the *visual content* is relative to the *audio content* (``offset_s`` > 0:
-video late) from the media itself, the way broadcast sync test signals do.
+The pipeline's own pts prove nothing about whether picture and sound agree, so this measures how late
+the visual content is relative to the audio content (``offset_s`` > 0: video late) from the media.
 
-Sync markers (``source="markers"``), the spec that :mod:`app.loadtest.testmedia` generates:
+* Markers (``source="markers"``, as :mod:`app.loadtest.testmedia` makes them): a 10 ms 1 kHz click
+  (found to the sample by :mod:`alignment.clicks`) and a corner patch lit for one frame period. A
+  frame integrates light over its cell, so the brightness-weighted centroid of the lit frames gives
+  the onset to a fraction of a millisecond, not ±T/2. Each flash pairs with the nearest click.
+* Lips (``source="lips"``): mouth openness per frame (from a face tracker, never the audio) against
+  the speech envelope at each candidate lag in ±300 ms; the Pearson peak (parabola-refined) is the
+  offset, its height the confidence; None when weak, static, faceless or with too little speech.
 
-* audio: a ``CLICK_S`` = 10 ms, ``CLICK_HZ`` = 1 kHz tone burst starting at the marker instant,
-  found to the sample (1/16 ms) by :mod:`alignment.clicks`.
-* video: a square patch in the top-left corner (side ``max(h // 8, 16)`` px) that is black
-  between markers and lit by a light pulse lasting exactly one frame period from the marker
-  instant. Each frame is the exposure integral over its cell ``[pts - T/2, pts + T/2)``, so a
-  pulse starting at sub-frame phase φ lights two frames with brightness ``1 - φ`` and ``φ``.
-  Frames alone quantise a flash to ±T/2 (±20 ms at 25 fps); the brightness keeps the phase: the
-  brightness-weighted centroid of the lit frames' pts is the pulse centre, so the onset is
-  ``centroid - T/2`` to a fraction of a millisecond, also after an H.264 round trip. A flash
-  needs an unlit frame before and after it, and no dropped frame inside it (else it is ignored).
-* pairing: each flash is paired with the nearest unpaired click within ``max_pair_s``; markers
-  must be further apart than twice that. The marker offset is the median of recent pairs.
-
-Lip evidence (``source="lips"``): mouth openness per video frame (from a face tracker, never
-from the audio) is cross-correlated with the speech RMS envelope evaluated at the frame pts
-shifted by each candidate lag in ±300 ms (5 ms steps, the envelope itself from a 1 ms grid, so
-the lag resolution is finer than the frame period). The lag of the Pearson peak, refined by a
-parabola, is the offset; the peak correlation is the confidence. ``None`` when that is below
-``min_confidence``, when the face is static or absent, or when there is too little speech.
-
-:class:`AVOffsetEstimator` does both incrementally on a sliding window (bounded memory) for live
-sessions; :func:`estimate_offset` runs it once over a whole recording.
+:class:`AVOffsetEstimator` works incrementally on a bounded window; :func:`estimate_offset` runs once.
+The click.s constants live in :mod:`alignment.clicks`, the patch.s in :mod:`app.loadtest.testmedia`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Level-3 sync validation: per token, audio, video and text times pairwise within 50 ms.
 
-For a token with acoustic onset ``a`` (its ``start``), first output frame carrying it at ``f``
-and an evidence-based A/V offset ``d`` (how late the visual content is relative to the audio,
-from :mod:`alignment.evidence`; None when there is no evidence):
+For a token with acoustic onset ``a``, first carrying output frame at ``f`` and an evidence-based A/V
+offset ``d`` (:mod:`alignment.evidence`): audio = ``a``; text = ``f`` (the caption shows with that
+frame); video = ``a + d`` when there is evidence, else ``f`` with ``evidence="assigned"``, which only
+restates the pipeline's own pts. The aligner's ``a`` is also checked against evidence it did not make:
+where the word follows silence, its acoustic onset (:mod:`alignment.onsets`) must lie in an accepted
+window (wider before stops and weak consonants, whose sound rises late), counted apart.
 
-* audio = ``a``;
-* text  = ``f``: the caption is presented with the first frame that carries the token;
-* video = ``a + d``: when the lips for that word are actually shown (``evidence`` names the
-  source, ``"markers"`` or ``"lips"``); without evidence video = ``f`` and
-  ``evidence="assigned"``, which only restates the pipeline's own pts.
-
-The audio time is the word aligner's estimate, so it is also checked against evidence the
-aligner did not make: where the word follows silence, its acoustic onset (the level rising out
-of the noise floor, :mod:`alignment.onsets`). A word placed outside the accepted range of that
-onset (−50…+40 ms, or −120…+40 ms for stops and weak consonants, whose sound rises late)
-fails, and is counted apart (``onset_checked`` / ``onset_failed``).
-
-``ok`` iff the three are pairwise within ``tolerance_ms`` (inclusive, with float slack) and the
-onset check (where there is one) passes. A token
-that no frame carries has no text time: ``text`` (and an assigned ``video``) are NaN,
-``max_delta_ms`` is inf and ``ok`` is False; :func:`sync_event` turns those into JSON nulls.
-
-Offset policy (:meth:`Level3Validator.offset_flagged`): an estimate whose magnitude exceeds
-``flag_threshold_ms`` (40 ms, halfway between the 30 ms that must pass and the 50 ms that must
-be flagged, so a ≤ 10 ms estimation error cannot flip either verdict) is flagged.
+``ok`` iff the three are pairwise within ``tolerance_ms`` and the onset check (where there is one)
+passes. A token no frame carries has no text time (NaN; JSON null in :func:`sync_event`) and fails.
+An offset estimate beyond ``flag_threshold_ms`` (halfway between what must pass and what must be
+flagged, so a small estimation error flips neither) is flagged (:meth:`Level3Validator.offset_flagged`).
 """
 
 from __future__ import annotations
