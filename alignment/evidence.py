@@ -12,7 +12,7 @@ the visual content is relative to the audio content (``offset_s`` > 0: video lat
   offset, its height the confidence; None when weak, static, faceless or with too little speech.
 
 :class:`AVOffsetEstimator` works incrementally on a bounded window; :func:`estimate_offset` runs once.
-The click.s constants live in :mod:`alignment.clicks`, the patch.s in :mod:`app.loadtest.testmedia`.
+The click's constants live in :mod:`alignment.clicks`; the patch's size is :func:`flash_patch_side`.
 """
 
 from __future__ import annotations
