@@ -34,11 +34,16 @@ def run_scene(scene: es.Scene, det: BargeInDetector) -> tuple[np.ndarray, float 
     a0 = int(scene.answer_pts * SR)
     out, cpu = [], []
     onset = emitted = None
+    sends, j = scene.sends, 0
+    end = int(round(sends[-1][0] * SR)) + CHUNK if sends else a0 + scene.played.size
     for i in range(0, scene.mic.size - CHUNK + 1, CHUNK):
-        playing = a0 <= i < a0 + scene.played.size and emitted is None
+        playing = a0 <= i < end and emitted is None
         t = time.perf_counter()
-        if playing:
+        if sends is None and playing:
             det.played(i / SR, scene.played[i - a0 : i - a0 + CHUNK])
+        while sends is not None and emitted is None and j < len(sends) and sends[j][0] < (i + CHUNK) / SR:
+            det.played(sends[j][1], sends[j][2])  # what went out before this mic chunk could hold its echo
+            j += 1
         clean, hit = det.feed(AudioChunk(i / SR, scene.mic[i : i + CHUNK]), playing)
         cpu.append(time.perf_counter() - t)
         out.append(clean.samples)

@@ -343,7 +343,7 @@ def answer_figures(listener: AnswerListener, events: list[Any], said: list[Utter
         first = ans.first_loud(listener.packets, lo, hi)
         fig: dict[str, Any] = {"answer": rec.answer, "reason": rec.reason, "words": len(rec.words),
                                "server_voice_latency_ms": rec.server_latency_ms, "voice_to_voice_ms": None,
-                               "stop_ms": None, "barge_in": False, "false_interruption": False,
+                               "stop_ms": None, "fired_ms": None, "barge_in": False, "false_interruption": False,
                                "lip_sync_ms": None, "lip_corr": None, "audible": first is not None}
         utt = _answered(rec, said, None if first is None else first.wall - t0)
         if utt is not None and first is not None:
@@ -358,6 +358,8 @@ def answer_figures(listener: AnswerListener, events: list[Any], said: list[Utter
             fig["barge_in"] = True
             stop = ans.stop_latency(onset, listener.packets, hi)
             fig["stop_ms"] = None if stop is None else round(stop * 1000.0, 1)
+            if rec.reason == "barge_in" and rec.end_wall is not None:  # the detector fired: response_end arrived
+                fig["fired_ms"] = round((rec.end_wall - onset) * 1000.0, 1)
         elif rec.reason == "barge_in":
             fig["false_interruption"] = True
         lip = lip_sync(listener, lo, hi)
