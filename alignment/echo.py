@@ -1,18 +1,16 @@
 """Acoustic echo cancellation: remove the spoken answer's echo from the user's microphone.
 
-The answer audio comes back in the mic delayed (network + playout + room), filtered and reverberant.
-Three stages, numpy only, per mic block on the session clock:
+The answer comes back in the mic delayed (network + playout + room), filtered and reverberant. Three
+stages, numpy only, per mic block on the session clock:
 
-1. Bulk delay: GCC-PHAT between the mic and the played audio (decimated to 4 kHz) over the last
-   second, only while echo may arrive; a new delay needs two agreeing confident estimates.
-2. Linear echo path: a partitioned-block frequency-domain NLMS filter around that delay. Double
-   talk is handled with two filters: a background filter always adapts, the foreground (whose
-   output is used) copies it only when it cancels better, and is copied back when it diverges.
-3. Residual echo suppression: per band, the echo still left is predicted from the played audio's
-   band power (aligned, with a reverberant decay) times a learned coupling; bands the prediction
-   explains are pulled down to a floor, bands louder than it (the user) pass. The prediction
-   assumes any delay until a locked delay is *trusted* (its filter cancels a few dB), and then still
-   spans ``spread_s`` around it: a sender stall or a jitter buffer moves the live delay by tens of ms.
+1. Bulk delay: GCC-PHAT of the mic against the played audio (at 4 kHz) over the last second, while
+   echo may arrive; a new delay needs two agreeing confident estimates.
+2. Linear echo path: a partitioned-block frequency-domain NLMS filter around that delay, with a
+   background filter that always adapts and a foreground one (used) that copies it when it cancels
+   better (double talk).
+3. Residual suppression per band: the echo left is predicted from the played band power times a
+   learned coupling; bands it explains go to a floor, louder ones (the user) pass. Until the locked
+   delay is *trusted* (its filter cancels) any delay is assumed; then still ``spread_s`` around it.
 
 When nothing was played recently ``process`` returns the chunk itself.
 """
