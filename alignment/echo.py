@@ -11,7 +11,6 @@ stages, numpy only, per mic block on the session clock:
 3. Residual suppression per band: the echo left is predicted from the played band power times a
    learned coupling; bands it explains go to a floor, louder ones (the user) pass. Until the locked
    delay is *trusted* (its filter cancels) any delay is assumed; then still ``spread_s`` around it.
-
 When nothing was played recently ``process`` returns the chunk itself.
 """
 
