@@ -143,3 +143,24 @@ def test_a_stalled_sender_stamped_when_it_sent_gives_no_barge_in_and_a_loud_user
             assert scene.onset is not None and onset is not None and emitted is not None, f"scene {k}: missed"
             assert scene.onset - 0.1 <= onset <= scene.onset + 0.4
             assert emitted - scene.onset <= 0.7
+
+
+def test_a_user_one_second_into_the_answer_is_heard_before_the_delay_locks():
+    """The peer's echo path (frames played as they arrive, jittered) rarely gives the two near-identical
+    confident estimates a lock needs; three rough ones that agree (the coarse delay) narrow the suppressor, so a
+    user as loud as the answer 1 s into it is heard within 0.4 s, and the same echo alone is still no barge-in."""
+    for k in (1, 2, 5):
+        for user in (es.TUNE_USERS[k % 2], None):
+            rng = np.random.default_rng(200 + k)
+            scene = es.make_peer_scene(rng, es.TUNE_ANSWERS[k % 3], float(rng.uniform(0.04, 0.15)), 0.01,
+                                       room_seed=k % 3, stall_p=0.01, stamp_sent=True, user=user, at_s=1.0)
+            det = BargeInDetector()
+            _, onset, emitted, _ = run_scene(scene, det)
+            if user is None:
+                assert emitted is None, f"the echo (scene {k}) was taken for a barge-in"
+                assert det.canceller.coarse is not None
+                assert abs(det.canceller.coarse / SAMPLE_RATE - scene.room.delay_s) < 0.03
+                continue
+            assert scene.onset is not None and onset is not None and emitted is not None, f"scene {k}: missed"
+            assert scene.onset - 0.1 <= onset <= scene.onset + 0.3
+            assert emitted - scene.onset <= 0.4
