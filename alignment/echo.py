@@ -46,7 +46,7 @@ class EchoConfig:
     min_delay_s: float = 0.01  # a lag below this is a false peak (no real path is that short)
     spread_s: float = 0.1  # the delay may move this much either way (sender stalls, jitter buffer)
     trust_erle_db: float = 1.0  # the locked delay narrows the suppressor only once the filter cancels this much
-    coarse_votes: int = 3  # this many consecutive estimates within coarse_tol_s make a coarse delay
+    coarse_votes: int = 3  # this many consecutive estimates within coarse_tol_s make a coarse delay (0: off)
     coarse_tol_s: float = 0.015
     coarse_conf: float = 4.0  # the least GCC-PHAT peak-to-spread ratio an estimate needs to vote
     coarse_min_s: float = 0.03  # no networked client's echo is earlier (a lag of one 20 ms frame is an artefact)
@@ -55,6 +55,8 @@ class EchoConfig:
     def __post_init__(self) -> None:
         if self.block < 32 or self.partitions < 1 or not 0 < self.step < 2:
             raise ValueError(f"bad echo filter shape: block={self.block} partitions={self.partitions} step={self.step}")
+        if self.coarse_votes < 0 or self.coarse_tol_s < 0 or self.coarse_coupling_floor < 0:
+            raise ValueError(f"bad coarse delay settings: {self.coarse_votes} votes within {self.coarse_tol_s} s")
         if not 0 < self.floor <= 1 or self.max_delay_s <= 0 or self.tail_s < 0:
             raise ValueError("echo floor must be in (0, 1] and delays positive")
 
@@ -254,6 +256,8 @@ class EchoCanceller:
         ``coarse_tol_s`` (a path whose frames arrive jittered moves the peak by milliseconds, so it rarely
         gives the two near-identical confident estimates a lock needs, but it does agree roughly)."""
         cfg = self.config
+        if cfg.coarse_votes == 0:  # off
+            return
         if conf < cfg.coarse_conf or lag < cfg.coarse_min_s * SAMPLE_RATE:
             self._votes.clear()
             return
