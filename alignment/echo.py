@@ -9,7 +9,7 @@ The answer comes back delayed (network, playout, room), filtered, reverberant. P
    better (double talk).
 3. Residual suppression per band: the echo left is predicted from the played band power times a
    learned coupling; bands it explains go to a floor, louder ones (the user) pass. It spans ``spread_s``
-   around the trusted lock (its filter cancels), else around a coarse delay (rough estimates agree),
+   around the trusted lock (its filter cancels), else a coarse delay (rough estimates agree; optional),
    else any delay.
 When nothing was played recently ``process`` returns the chunk itself.
 """
@@ -46,7 +46,9 @@ class EchoConfig:
     min_delay_s: float = 0.01  # a lag below this is a false peak (no real path is that short)
     spread_s: float = 0.1  # the delay may move this much either way (sender stalls, jitter buffer)
     trust_erle_db: float = 1.0  # the locked delay narrows the suppressor only once the filter cancels this much
-    coarse_votes: int = 3  # this many consecutive estimates within coarse_tol_s make a coarse delay (0: off)
+    #: this many consecutive estimates within coarse_tol_s make a coarse delay; 0 (off) until a clean live run of
+    #: bench/voice.py shows it keeps false interruptions rare (offline it does; one overloaded live run did not)
+    coarse_votes: int = 0
     coarse_tol_s: float = 0.015
     coarse_conf: float = 4.0  # the least GCC-PHAT peak-to-spread ratio an estimate needs to vote
     coarse_min_s: float = 0.03  # no networked client's echo is earlier (a lag of one 20 ms frame is an artefact)

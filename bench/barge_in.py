@@ -109,10 +109,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1000, help="room seed base (tuning used 0-9)")
     ap.add_argument("--tune", action="store_true", help="use the tuning set instead of the held-out one")
     ap.add_argument("--peer", action="store_true", help="the load-test peer's echo path instead of rooms")
-    ap.add_argument("--no-coarse", action="store_true", help="the detector without the coarse delay (A/B)")
+    ap.add_argument("--coarse", action="store_true", help="the detector with the coarse delay (A/B; off by default)")
     args = ap.parse_args()
-    off = BargeInConfig(echo=EchoConfig(coarse_votes=0))
-    make = partial(BargeInDetector, off) if args.no_coarse else BargeInDetector
+    on = BargeInConfig(echo=EchoConfig(coarse_votes=3))
+    make = partial(BargeInDetector, on) if args.coarse else BargeInDetector
     answers, users = (es.TUNE_ANSWERS, es.TUNE_USERS) if args.tune else (es.HELD_ANSWERS, es.HELD_USERS)
     if args.peer:
         peer_scenes(args, answers, users, make)
