@@ -1,24 +1,22 @@
 """Acoustic echo cancellation: remove the spoken answer's echo from the user's microphone.
 
-The answer audio comes back in the mic delayed (network + playout + room), filtered and reverberant.
-Three stages, numpy only, per mic block on the session clock:
+The answer comes back delayed (network, playout, room), filtered, reverberant. Per mic block, numpy only:
 
-1. Bulk delay: GCC-PHAT between the mic and the played audio (decimated to 4 kHz) over the last
-   second, only while echo may arrive; a new delay needs two agreeing confident estimates.
-2. Linear echo path: a partitioned-block frequency-domain NLMS filter around that delay. Double
-   talk is handled with two filters: a background filter always adapts, the foreground (whose
-   output is used) copies it only when it cancels better, and is copied back when it diverges.
-3. Residual echo suppression: per band, the echo still left is predicted from the played audio's
-   band power (aligned, with a reverberant decay) times a learned coupling; bands the prediction
-   explains are pulled down to a floor, bands louder than it (the user) pass. The prediction
-   assumes any delay until a locked delay is *trusted* (its filter cancels a few dB), and then still
-   spans ``spread_s`` around it: a sender stall or a jitter buffer moves the live delay by tens of ms.
-
+1. Bulk delay: GCC-PHAT of the mic against the played audio (at 4 kHz) over the last second, while
+   echo may arrive; a new delay needs two agreeing confident estimates.
+2. Linear echo path: a partitioned-block frequency-domain NLMS filter around that delay, with a
+   background filter that always adapts and a foreground one (used) that copies it when it cancels
+   better (double talk).
+3. Residual suppression per band: the echo left is predicted from the played band power times a
+   learned coupling; bands it explains go to a floor, louder ones (the user) pass. It spans ``spread_s``
+   around the trusted lock (its filter cancels), else a coarse delay (rough estimates agree; optional),
+   else any delay.
 When nothing was played recently ``process`` returns the chunk itself.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,10 +46,19 @@ class EchoConfig:
     min_delay_s: float = 0.01  # a lag below this is a false peak (no real path is that short)
     spread_s: float = 0.1  # the delay may move this much either way (sender stalls, jitter buffer)
     trust_erle_db: float = 1.0  # the locked delay narrows the suppressor only once the filter cancels this much
+    #: this many consecutive estimates within coarse_tol_s make a coarse delay; 0 (off) until a clean live run of
+    #: bench/voice.py shows it keeps false interruptions rare (offline it does; one overloaded live run did not)
+    coarse_votes: int = 0
+    coarse_tol_s: float = 0.015
+    coarse_conf: float = 4.0  # the least GCC-PHAT peak-to-spread ratio an estimate needs to vote
+    coarse_min_s: float = 0.03  # no networked client's echo is earlier (a lag of one 20 ms frame is an artefact)
+    coarse_coupling_floor: float = 0.5  # the coupling assumed at least while only a coarse delay is known
 
     def __post_init__(self) -> None:
         if self.block < 32 or self.partitions < 1 or not 0 < self.step < 2:
             raise ValueError(f"bad echo filter shape: block={self.block} partitions={self.partitions} step={self.step}")
+        if self.coarse_votes < 0 or self.coarse_tol_s < 0 or self.coarse_coupling_floor < 0:
+            raise ValueError(f"bad coarse delay settings: {self.coarse_votes} votes within {self.coarse_tol_s} s")
         if not 0 < self.floor <= 1 or self.max_delay_s <= 0 or self.tail_s < 0:
             raise ValueError("echo floor must be in (0, 1] and delays positive")
 
@@ -150,6 +157,8 @@ class EchoCanceller:
         self._smooth_s = np.zeros(self.bands, np.float32)
         self._delay_est = DelayEstimator(cfg.max_delay_s, cfg.delay_window_s)
         self.delay: int | None = None  # bulk delay in samples, once locked
+        self.coarse: int | None = None  # the delay several rough estimates agree on (a jittery path never locks)
+        self._votes: deque[int] = deque(maxlen=cfg.coarse_votes)
         self._candidate: int | None = None
         self._next_delay_check = 0
         self._played_until = -1  # absolute sample index one past the last played sample
@@ -226,7 +235,7 @@ class EchoCanceller:
         cfg = self.config
         if end < self._next_delay_check:
             return
-        period = cfg.delay_every_s if self.delay is not None else 0.1
+        period = cfg.delay_every_s if self.delay is not None and self.coarse is not None else 0.1
         self._next_delay_check = end + int(period * SAMPLE_RATE)
         win = int(cfg.delay_window_s * SAMPLE_RATE)
         far = self._far.read(end - win - int(cfg.max_delay_s * SAMPLE_RATE), end)
@@ -235,11 +244,33 @@ class EchoCanceller:
             return
         lag, conf = self._delay_est.estimate(mic, far)
         self.delay_log.append((end / SAMPLE_RATE, lag, conf))
-        if conf < 9.0 or lag < int(cfg.min_delay_s * SAMPLE_RATE):
+        if lag < int(cfg.min_delay_s * SAMPLE_RATE):
+            return
+        self._vote(lag, conf)
+        if conf < 9.0:
             return
         if self._candidate is not None and abs(lag - self._candidate) <= 2 * _DECIM:
             self._set_delay(lag)
         self._candidate = lag
+
+    def _vote(self, lag: int, conf: float) -> None:
+        """The coarse delay: the median of ``coarse_votes`` consecutive estimates that agree within
+        ``coarse_tol_s`` (a path whose frames arrive jittered moves the peak by milliseconds, so it rarely
+        gives the two near-identical confident estimates a lock needs, but it does agree roughly)."""
+        cfg = self.config
+        if cfg.coarse_votes == 0:  # off
+            return
+        if conf < cfg.coarse_conf or lag < cfg.coarse_min_s * SAMPLE_RATE:
+            self._votes.clear()
+            return
+        self._votes.append(lag)
+        votes = sorted(self._votes)
+        if len(votes) < cfg.coarse_votes or votes[-1] - votes[0] > cfg.coarse_tol_s * SAMPLE_RATE:
+            return
+        new = votes[len(votes) // 2]
+        if self.coarse is not None and abs(new - self.coarse) > cfg.spread_s * SAMPLE_RATE / 2:
+            self._coupling[:] = cfg.coupling0  # the path moved: what was learned about it no longer holds
+        self.coarse = new
 
     def _set_delay(self, lag: int) -> None:
         if self.delay is not None and abs(lag - self.delay) <= 2 * _DECIM:
@@ -297,16 +328,20 @@ class EchoCanceller:
             self._hb[:] = self._hf
             self._eb = self._ef
 
-    def _predicted_far(self, n: int, spread: int | None) -> np.ndarray:
-        """Played band power that may be echoing at ``n``: max over the uncertain delay range (the locked
-        delay widened by ``spread`` samples, or any delay while none is trusted), with a reverberant decay
-        for older frames."""
+    def _center(self) -> int | None:
+        """The delay the suppressor centres on: the trusted lock, else the coarse delay, else none (any)."""
+        if self.trusted:
+            return self.delay
+        return self.coarse
+
+    def _predicted_far(self, n: int, spread: int, center: int | None) -> np.ndarray:
+        """Played band power that may be echoing at ``n``: max over the uncertain delay range (``center``
+        widened by ``spread`` samples, or any delay without one), with a reverberant decay for older frames."""
         cfg, B = self.config, self.B
-        if spread is None or not self.trusted:
+        if center is None:
             lo_d, hi_d = 0, int(cfg.max_delay_s * SAMPLE_RATE)
         else:
-            assert self.delay is not None
-            lo_d, hi_d = self.delay - spread, self.delay + spread // 2 + B
+            lo_d, hi_d = center - spread, center + spread // 2 + B
         f_hi = (n - max(lo_d, 0)) // B + 1
         f_mid = (n - hi_d) // B
         n_tail = int(cfg.tail_s * SAMPLE_RATE) // B
@@ -317,7 +352,8 @@ class EchoCanceller:
 
     def _suppress(self, n: int, e: np.ndarray) -> np.ndarray:
         L, N = e.size, self.N
-        s = self._predicted_far(n, int(self.config.spread_s * SAMPLE_RATE))
+        center = self._center()
+        s = self._predicted_far(n, int(self.config.spread_s * SAMPLE_RATE), center)
         if float(s.max()) <= 1e-10:
             return e.astype(np.float32)
         frame = np.concatenate([self._err, e])[-N:]
@@ -325,9 +361,10 @@ class EchoCanceller:
             frame = np.concatenate([np.zeros(N - frame.size, np.float32), frame])
         spec = np.fft.rfft(frame)
         eb = self._to_bands(np.abs(spec) ** 2)
-        if self.trusted:  # coupling against the aligned frames, applied over the widened range
-            self._learn_coupling(eb, self._predicted_far(n, int(self.config.pre_delay_s * SAMPLE_RATE)))
-        ratio = self.config.over * self._coupling * s / (eb + 1e-10)
+        if center is not None:  # coupling against the aligned frames, applied over the widened range
+            self._learn_coupling(eb, self._predicted_far(n, int(self.config.pre_delay_s * SAMPLE_RATE), center))
+        coupling = self._coupling if self.trusted else np.maximum(self._coupling, self.config.coarse_coupling_floor)
+        ratio = self.config.over * coupling * s / (eb + 1e-10)
         gain = np.clip(1.0 - ratio, self.config.floor, 1.0)
         gbin = np.ones(spec.size, np.float32)
         gbin[self._edges[0] : self._edges[-1]] = gain[self._band_of]

@@ -9,22 +9,26 @@ clicks, a slam or a noise burst. The mic is fed in 20 ms chunks as a session wou
 Detection delay = the end of the chunk whose ``feed`` returned the BargeIn minus the true onset
 (network and client playout come on top). A BargeIn before the true onset, in an echo-only or a
 noise scene, is a false interruption. ERLE compares the mic's echo energy with the cleaned output
-over echo-only answers (from the echo's arrival to its end). Run:
+over echo-only answers (from the echo's arrival to its end). ``--peer``: the voice bench's echo path instead
+(the coarse delay was tuned on TUNE_* with peer seeds 0-15 and 200-205). Run:
 ``flock /tmp/heavy.lock env PYTHONPATH=$PWD .venv/bin/python bench/barge_in.py``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
-from alignment.echo import EchoCanceller
+from alignment.echo import EchoCanceller, EchoConfig
 from alignment.types import SAMPLE_RATE as SR
 from alignment.types import AudioChunk
 from bench import echo_sim as es
-from models.bargein import BargeInDetector
+from models.bargein import BargeInConfig, BargeInDetector
 
 CHUNK = 320
 
@@ -34,11 +38,16 @@ def run_scene(scene: es.Scene, det: BargeInDetector) -> tuple[np.ndarray, float 
     a0 = int(scene.answer_pts * SR)
     out, cpu = [], []
     onset = emitted = None
+    sends, j = scene.sends, 0
+    end = int(round(sends[-1][0] * SR)) + CHUNK if sends else a0 + scene.played.size
     for i in range(0, scene.mic.size - CHUNK + 1, CHUNK):
-        playing = a0 <= i < a0 + scene.played.size and emitted is None
+        playing = a0 <= i < end and emitted is None
         t = time.perf_counter()
-        if playing:
+        if sends is None and playing:
             det.played(i / SR, scene.played[i - a0 : i - a0 + CHUNK])
+        while sends is not None and emitted is None and j < len(sends) and sends[j][0] < (i + CHUNK) / SR:
+            det.played(sends[j][1], sends[j][2])  # what went out before this mic chunk could hold its echo
+            j += 1
         clean, hit = det.feed(AudioChunk(i / SR, scene.mic[i : i + CHUNK]), playing)
         cpu.append(time.perf_counter() - t)
         out.append(clean.samples)
@@ -66,20 +75,55 @@ def erle_db(scene: es.Scene, clean: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(scene.echo[a:b] ** 2) / (np.sum(clean[a:b] ** 2) + 1e-12)))
 
 
+def peer_scenes(args: argparse.Namespace, answers: tuple[str, ...], users: tuple[tuple[str, str], ...],
+                make: Callable[[], BargeInDetector]) -> None:
+    """The load-test peer's echo path (``bench/voice.py``): sparse taps, 40-150 ms of network, frames played as
+    they arrive (jittered), 1 % of frames after a server stall, each frame stamped when it went out; the user
+    0.5-1.5 s into the answer (as the voice bench barges in) at -6..+6 dB from the answer's peak."""
+    delays, false_echo, missed = [], 0, 0
+    for k in range(args.n):
+        rng = np.random.default_rng(args.seed + k)
+        bulk, user_db, at = float(rng.uniform(0.04, 0.15)), float(rng.uniform(-6, 6)), float(rng.uniform(0.5, 1.5))
+        for user in (users[k % len(users)], None):
+            scene = es.make_peer_scene(np.random.default_rng(args.seed + 7919 * (k + 1)), answers[k % len(answers)],
+                                       bulk, 0.01, room_seed=args.seed + k, stall_p=0.01, stamp_sent=True, user=user,
+                                       at_s=at, user_db=user_db)
+            _, _, emitted, _ = run_scene(scene, make())
+            if user is None:
+                false_echo += emitted is not None
+            elif scene.onset is None or emitted is None or not 0 <= emitted - scene.onset <= 1.0:
+                missed += 1
+            else:
+                delays.append(emitted - scene.onset)
+    d = np.array(delays or [np.nan]) * 1e3
+    print(f"peer echo path, {'tuning' if args.tune else 'held-out'}: {args.n} barge-ins 0.5-1.5 s into the answer, "
+          f"{args.n} echo-only; load average {[round(x, 2) for x in os.getloadavg()]}")
+    print(f"detection delay: p50 {np.nanpercentile(d, 50):.0f} ms  p90 {np.nanpercentile(d, 90):.0f} ms  max "
+          f"{np.nanmax(d):.0f} ms  (detected within 1 s {len(delays)}/{args.n}); false interruptions by the echo "
+          f"{false_echo}/{args.n}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=56, help="scenes of each kind (barge-in, echo-only, noise)")
     ap.add_argument("--seed", type=int, default=1000, help="room seed base (tuning used 0-9)")
     ap.add_argument("--tune", action="store_true", help="use the tuning set instead of the held-out one")
+    ap.add_argument("--peer", action="store_true", help="the load-test peer's echo path instead of rooms")
+    ap.add_argument("--coarse", action="store_true", help="the detector with the coarse delay (A/B; off by default)")
     args = ap.parse_args()
+    on = BargeInConfig(echo=EchoConfig(coarse_votes=3))
+    make = partial(BargeInDetector, on) if args.coarse else BargeInDetector
     answers, users = (es.TUNE_ANSWERS, es.TUNE_USERS) if args.tune else (es.HELD_ANSWERS, es.HELD_USERS)
+    if args.peer:
+        peer_scenes(args, answers, users, make)
+        return
     delays, onset_err, erle, cpu_active, cpu_idle, cpu_aec = [], [], [], [], [], []
     false_echo = false_noise = early = missed = 0
     for k in range(args.n):
         rng = np.random.default_rng(args.seed + k)
         answer = answers[k % len(answers)]
         scene = es.make_scene(rng, answer, user=users[k % len(users)])
-        _, onset, emitted, cpu = run_scene(scene, BargeInDetector())
+        _, onset, emitted, cpu = run_scene(scene, make())
         assert scene.onset is not None
         if emitted is None or emitted > scene.onset + 1.0:
             missed += 1
@@ -89,7 +133,7 @@ def main() -> None:
             delays.append(emitted - scene.onset)
             onset_err.append(onset - scene.onset)
         scene = es.make_scene(rng, answer)
-        clean, onset, emitted, cpu = run_scene(scene, BargeInDetector())
+        clean, onset, emitted, cpu = run_scene(scene, make())
         false_echo += emitted is not None
         erle.append(erle_db(scene, clean))
         first = int(scene.answer_pts * SR) // CHUNK
@@ -99,7 +143,7 @@ def main() -> None:
         cpu_aec += canceller_cpu(scene)[first:last]
         kind = ("cough", "click", "door", "noise")[k % 4]
         scene = es.make_scene(rng, answer, noise=kind)
-        _, onset, emitted, _ = run_scene(scene, BargeInDetector())
+        _, onset, emitted, _ = run_scene(scene, make())
         false_noise += emitted is not None
     n = args.n
     d = np.array(delays) * 1e3

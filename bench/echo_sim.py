@@ -129,6 +129,9 @@ class Scene:
     answer_pts: float
     onset: float | None  # true pts of the user's speech or noise onset
     room: Room
+    #: Per 20 ms frame (when it went out, the pts ``played`` is told, 16 kHz samples), where the answer is not
+    #: simply played from ``answer_pts`` on: the peer scene's frames as the server sends and stamps them.
+    sends: tuple[tuple[float, float, np.ndarray], ...] | None = None
 
 
 def make_scene(rng: np.random.Generator, answer: str, user: tuple[str, str] | None = None,
@@ -165,12 +168,16 @@ def make_scene(rng: np.random.Generator, answer: str, user: tuple[str, str] | No
 
 def make_peer_scene(rng: np.random.Generator, answer: str, bulk_s: float = 0.1, jitter_s: float = 0.008,
                     room_seed: int = 0, answer_pts: float = 0.5, stall_p: float = 0.0,
-                    stall_s: tuple[float, float] = (0.03, 0.2)) -> Scene:
+                    stall_s: tuple[float, float] = (0.03, 0.2), stamp_sent: bool = False,
+                    user: tuple[str, str] | None = None, at_s: float | None = None,
+                    user_db: float = 0.0) -> Scene:
     """The load-test peer's echo path (app/loadtest/answers.EchoPath, the room of ``bench/voice.py --seed``):
     each received 20 ms frame is "played" at its arrival time (``bulk_s`` of network + jitter buffer, plus a
     per-frame arrival jitter up to ``jitter_s``) and mixed back into the mic through the sparse tap response.
     ``stall_p``: chance per frame that the server's event loop stalls (``stall_s`` long) before sending it: the
-    frames due meanwhile go out in a burst at its end, with their scheduled pts (what ``played`` is told)."""
+    frames due meanwhile go out in a burst at its end. ``played`` is told each frame's scheduled pts, or with
+    ``stamp_sent`` the instant it really went out (``Scene.sends``). ``user``: a voice (as ``make_scene``)
+    starting ``at_s`` after the answer's first frame reached the peer, its peak ``user_db`` from the answer's."""
     from scipy.signal import resample_poly
 
     from app.loadtest.answers import EchoPath, RoomResponse
@@ -183,11 +190,13 @@ def make_peer_scene(rng: np.random.Generator, answer: str, bulk_s: float = 0.1, 
     total = answer_pts + ans.size / SR + 1.5
     n48 = int(total * 48_000) // 960 * 960
     played_at, free_at = [], 0.0
+    sends: list[tuple[float, float, np.ndarray]] = []
     for k in range(up.size // 960):
         sched = answer_pts + k * 0.02
         if stall_p and rng.random() < stall_p:
             free_at = max(free_at, sched) + float(rng.uniform(*stall_s))
         sent = max(sched, free_at)
+        sends.append((sent, sent if stamp_sent else sched, ans[k * 320 : (k + 1) * 320]))
         played_at.append((sent + bulk_s + float(rng.uniform(0, jitter_s)), up[k * 960 : (k + 1) * 960]))
     played_at.sort(key=lambda p: p[0])
     echo48 = np.zeros(n48, np.float32)
@@ -201,4 +210,13 @@ def make_peer_scene(rng: np.random.Generator, answer: str, bulk_s: float = 0.1, 
     echo = resample_poly(echo48, 1, 3).astype(np.float32)
     mic = echo + rng.standard_normal(echo.size).astype(np.float32) * 10 ** (-65 / 20)
     d0 = bulk_s + room_resp.taps[0][0]
-    return Scene(ans, mic, echo, answer_pts, None, Room(d0, 0.0, room_resp.taps[0][1], np.zeros(1, np.float32)))
+    onset = None
+    if user is not None:
+        sp, first = voice(*user)
+        sp = sp / (np.max(np.abs(sp)) + 1e-12) * np.max(np.abs(ans)) * 10 ** (user_db / 20)
+        onset = answer_pts + bulk_s + (float(rng.uniform(0.5, 1.5)) if at_s is None else at_s)
+        start = int((onset - first) * SR)
+        seg = sp[max(-start, 0) : max(mic.size - start, 0)]
+        mic[max(start, 0) : max(start, 0) + seg.size] += seg.astype(np.float32)
+    room = Room(d0, 0.0, room_resp.taps[0][1], np.zeros(1, np.float32))
+    return Scene(ans, mic, echo, answer_pts, onset, room, tuple(sends))

@@ -366,6 +366,12 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     print(f"  barge-in stop (onset → answer audio silent at the peer): n={len(stops)} of {len(barged)} "
           f"p50 {fmt(pct(stops, .5))}, p99 {fmt(pct(stops, .99))}, max {fmt(max(stops) if stops else None)}; "
           f"answers ended by barge_in: {sum(f['reason'] == 'barge_in' for f in figs)}")
+    both = [(f["fired_ms"], f["stop_ms"]) for f in figs if f["fired_ms"] is not None and f["stop_ms"] is not None]
+    fired, tail = [a for a, _ in both], [b - a for a, b in both]
+    print(f"    breakdown over {len(both)}: onset → detector fired (response_end at the peer) "
+          f"p50 {fmt(pct(fired, .5))}, "
+          f"p90 {fmt(pct(fired, .9))}, p99 {fmt(pct(fired, .99))}; fired → answer audio silent at the peer p50 "
+          f"{fmt(pct(tail, .5))}, p90 {fmt(pct(tail, .9))}, max {fmt(max(tail) if tail else None)}")
     rate = len(false) / len(figs) if figs else None
     print(f"  false interruptions: {len(false)} of {len(figs)} answers "
           f"({fmt(None if rate is None else 100 * rate, ' %')}); final user words heard in none of the peer's "

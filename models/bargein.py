@@ -31,7 +31,7 @@ class BargeInConfig:
     """``min_speech_s``: speech-like audio needed after the onset; ``threshold``: VAD probability that
     counts as speech; ``max_gap_windows``: non-speech windows tolerated inside that stretch."""
 
-    min_speech_s: float = 0.128
+    min_speech_s: float = 0.096
     threshold: float = 0.6
     max_gap_windows: int = 0
     min_level_db: float = -50.0  # a speech window must be at least this loud (RMS, dBFS) after cleaning

@@ -124,3 +124,43 @@ def test_bad_input_is_a_clear_error():
         EchoConfig(floor=0.0)
     with pytest.raises(ValueError):
         BargeInConfig(threshold=1.5)
+
+
+def test_a_stalled_sender_stamped_when_it_sent_gives_no_barge_in_and_a_loud_user_still_stops_it():
+    """The server told when each answer frame really went out (a stall, then the frames due in it in a burst):
+    the peer's echo (0.5 at 38-49 ms, network, arrival jitter) alone is no barge-in, and a user louder than the
+    answer over that same echo, 1.5 s into it, is one, stamped near the onset."""
+    for k in (2, 10, 18):
+        for user in (None, ("kal_diphone", "hold on let me check")):
+            rng = np.random.default_rng(100 + k)
+            scene = es.make_peer_scene(rng, es.HELD_ANSWERS[k % 4], float(rng.uniform(0.04, 0.15)), 0.01,
+                                       room_seed=k % 3, stall_p=0.06, stamp_sent=True, user=user,
+                                       at_s=1.5 if user else None, user_db=6.0)
+            _, onset, emitted, _ = run_scene(scene, BargeInDetector())
+            if user is None:
+                assert emitted is None, f"the stalled sender's echo (scene {k}) was taken for a barge-in"
+                continue
+            assert scene.onset is not None and onset is not None and emitted is not None, f"scene {k}: missed"
+            assert scene.onset - 0.1 <= onset <= scene.onset + 0.4
+            assert emitted - scene.onset <= 0.7
+
+
+def test_a_user_one_second_into_the_answer_is_heard_before_the_delay_locks():
+    """The peer's echo path (frames played as they arrive, jittered) rarely gives the two near-identical
+    confident estimates a lock needs; three rough ones that agree (the coarse delay) narrow the suppressor, so a
+    user as loud as the answer 1 s into it is heard within 0.4 s, and the same echo alone is still no barge-in."""
+    for k in (1, 2, 5):
+        for user in (es.TUNE_USERS[k % 2], None):
+            rng = np.random.default_rng(200 + k)
+            scene = es.make_peer_scene(rng, es.TUNE_ANSWERS[k % 3], float(rng.uniform(0.04, 0.15)), 0.01,
+                                       room_seed=k % 3, stall_p=0.01, stamp_sent=True, user=user, at_s=1.0)
+            det = BargeInDetector(BargeInConfig(echo=EchoConfig(coarse_votes=3)))  # off by default for now
+            _, onset, emitted, _ = run_scene(scene, det)
+            if user is None:
+                assert emitted is None, f"the echo (scene {k}) was taken for a barge-in"
+                assert det.canceller.coarse is not None
+                assert abs(det.canceller.coarse / SAMPLE_RATE - scene.room.delay_s) < 0.03
+                continue
+            assert scene.onset is not None and onset is not None and emitted is not None, f"scene {k}: missed"
+            assert scene.onset - 0.1 <= onset <= scene.onset + 0.3
+            assert emitted - scene.onset <= 0.4

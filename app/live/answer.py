@@ -62,6 +62,9 @@ AUDIO_WAIT_STEPS = 8
 IDLE_EVERY = 4
 #: More behind real time than this and the tracks skip ahead instead of catching up.
 MAX_BEHIND_S = 0.2
+#: The barge-in detector is told when audio really went out; a lateness is taken up only when it changes by
+#: more than this (a few ms of wake-up jitter would cut the echo reference into gaps and overlaps).
+LATE_STEP_S = 0.01
 
 
 # --- one answer --------------------------------------------------------------------------------------
@@ -322,15 +325,17 @@ class AnswerPlayer:
 
     # --- called as audio is handed on ---------------------------------------------------------------
 
-    def audio_at(self, t: float) -> np.ndarray | None:
+    def audio_at(self, t: float, sent: float | None = None) -> np.ndarray | None:
+        """The answer's 20 ms frame at session time ``t``; ``sent``: when it really goes out (session s), what
+        the barge-in detector is told, so that a stall followed by a burst does not move the echo off it."""
         a = self.current
         pcm = a.next_samples(t) if a is not None else None
         if pcm is not None or (a is not None and a.playing):
-            self._record_audio(t, pcm)
+            self._record_audio(t, pcm, t if sent is None else sent)
         self._run_checks(t)
         return pcm
 
-    def _record_audio(self, t: float, pcm: np.ndarray | None) -> None:
+    def _record_audio(self, t: float, pcm: np.ndarray | None, sent: float) -> None:
         n = FRAME_SAMPLES // DECIMATE
         x = np.zeros(n, np.float32) if pcm is None else (
             pcm.reshape(n, DECIMATE).astype(np.float32).mean(axis=1) / 32768.0)
@@ -346,7 +351,7 @@ class AnswerPlayer:
         ring[self._sent_n:self._sent_n + n] = x
         self._sent_n += n
         if self.on_played is not None:
-            self.on_played(t, x)
+            self.on_played(sent, x)
 
     def answer_started(self, a: Answer, t: float) -> None:
         speech_end_wall = self.clock.wall_of(a.speech_end) if a.speech_end is not None else None
@@ -512,12 +517,17 @@ class AnswerAudioTrack(MediaStreamTrack):
         self.handed_until = -math.inf  # session s: the end of the last frame handed on
         self.sent = 0
         self.sent_voice = 0  # frames with answer audio
+        self.late = 0.0  # how far behind its schedule the track sends (s), in steps of LATE_STEP_S
 
     async def recv(self) -> av.AudioFrame:
         t = await self._pace.next(self)
         if self.rtp_base is None:
             self.rtp_base = t
-        pcm = self.player.audio_at(t)
+        zero = self.player.clock.zero_wall
+        late = max(0.0, time.monotonic() - zero - t) if zero is not None else 0.0
+        if abs(late - self.late) > LATE_STEP_S:  # a stall (or the burst catching up after it)
+            self.late = late
+        pcm = self.player.audio_at(t, t + self.late)
         self.handed_until = t + FRAME_S
         if pcm is not None:
             self.sent_voice += 1

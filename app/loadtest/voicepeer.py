@@ -1,19 +1,16 @@
 """The peer's ears and eyes on the spoken answer, and a microphone that speaks on cue.
 
-:class:`AnswerListener` takes the answer's two tracks from a ``WhipPeer`` (audio on the audio m-line,
-the avatar on the extra recvonly video m-line). It always counts their packets; asked to decode
-(``decode=True``), it also reads every 20 ms audio frame's level and keeps its samples, and reads the
-mouth opening off every avatar frame's pixels (``app.loadtest.answers``). Both tracks are mapped onto
-one clock through their RTCP sender reports (``alignment.clock``, the server's own session clock
-code): aiortc's receiver does no lip-sync of its own, so the peer does what a browser does.
+:class:`AnswerListener` takes the answer's two tracks from a ``WhipPeer``. It always counts their
+packets; with ``decode=True`` it also reads each 20 ms audio frame's level and samples and the mouth
+opening off each avatar frame (``app.loadtest.answers``), both on one clock through their RTCP sender
+reports (aiortc does no lip-sync; the peer does what a browser does).
 
-:class:`ScriptedMic` is the peer's microphone (``app.loadtest.peer.VoicePeer`` speaks through it):
-silence, plus the utterances it is told to ``say`` at known instants (their true onset and end of
-speech are returned), plus, when given an ``answers.EchoPath``, the answer it received played back
-into it through a room response.
+:class:`ScriptedMic` is the peer's microphone: silence, the utterances it is told to ``say`` at known
+instants (their true onset and end are returned) and, given an ``answers.EchoPath``, the answer it
+received played back into it through a room response.
 
-:func:`answer_figures` turns one session's record into per-answer figures: voice-to-voice, barge-in
-stop latency, lip-sync offset, false interruptions and tokens heard from the answer's echo.
+:func:`answer_figures`: per answer, voice-to-voice, barge-in stop latency (and when the detector fired),
+lip-sync offset, false interruptions; :func:`echo_tokens`: words heard from the answer's echo.
 """
 
 from __future__ import annotations
@@ -343,7 +340,7 @@ def answer_figures(listener: AnswerListener, events: list[Any], said: list[Utter
         first = ans.first_loud(listener.packets, lo, hi)
         fig: dict[str, Any] = {"answer": rec.answer, "reason": rec.reason, "words": len(rec.words),
                                "server_voice_latency_ms": rec.server_latency_ms, "voice_to_voice_ms": None,
-                               "stop_ms": None, "barge_in": False, "false_interruption": False,
+                               "stop_ms": None, "fired_ms": None, "barge_in": False, "false_interruption": False,
                                "lip_sync_ms": None, "lip_corr": None, "audible": first is not None}
         utt = _answered(rec, said, None if first is None else first.wall - t0)
         if utt is not None and first is not None:
@@ -358,6 +355,8 @@ def answer_figures(listener: AnswerListener, events: list[Any], said: list[Utter
             fig["barge_in"] = True
             stop = ans.stop_latency(onset, listener.packets, hi)
             fig["stop_ms"] = None if stop is None else round(stop * 1000.0, 1)
+            if rec.reason == "barge_in" and rec.end_wall is not None:  # the detector fired: response_end arrived
+                fig["fired_ms"] = round((rec.end_wall - onset) * 1000.0, 1)
         elif rec.reason == "barge_in":
             fig["false_interruption"] = True
         lip = lip_sync(listener, lo, hi)
