@@ -11,8 +11,7 @@ the visual content is relative to the audio content (``offset_s`` > 0: video lat
   the speech envelope at each candidate lag in ±300 ms; the Pearson peak (parabola-refined) is the
   offset, its height the confidence; None when weak, static, faceless or with too little speech.
 
-:class:`AVOffsetEstimator` works incrementally on a bounded window; :func:`estimate_offset` runs once.
-The click's constants live in :mod:`alignment.clicks`; the patch's size is :func:`flash_patch_side`.
+:class:`AVOffsetEstimator` works on a bounded window; :func:`estimate_offset` runs once over a recording.
 """
 
 from __future__ import annotations

@@ -28,12 +28,20 @@ from typing import TYPE_CHECKING
 import av
 import numpy as np
 from aiortc import MediaStreamTrack
-from aiortc.mediastreams import MediaStreamError
 
 from alignment.clock import SessionClock
 from alignment.types import SAMPLE_RATE, AnswerEnd, AnswerOutcome, SpokenPhone, SpokenPhrase, TokenRatePolicy
 from app.live import tracing
-from app.live.answer_audio import AUDIO_RATE, KEEP_AUDIO_S, MAX_LAG_S, envelope_lag, resample_16k, room_noise, to_pcm48
+from app.live.answer_audio import (
+    AUDIO_RATE,
+    KEEP_AUDIO_S,
+    MAX_LAG_S,
+    Paced,
+    envelope_lag,
+    resample_16k,
+    room_noise,
+    to_pcm48,
+)
 from app.live.events import AnswerStartEvent, AnswerSyncEvent, AnswerWordEvent, WarningEvent
 from app.live.stages import AnswerConfig, Avatar, Mouth, Stage, StageHost, Voice
 
@@ -60,8 +68,6 @@ AUDIO_WAIT_STEPS = 8
 #: At rest (no answer playing) the avatar sends every IDLE_EVERY-th frame of its 16 fps grid (the
 #: same face each time); it checks every frame, so an answer's first mouth is on time.
 IDLE_EVERY = 4
-#: More behind real time than this and the tracks skip ahead instead of catching up.
-MAX_BEHIND_S = 0.2
 #: The barge-in detector is told when audio really went out; a lateness is taken up only when it changes by
 #: more than this (a few ms of wake-up jitter would cut the echo reference into gaps and overlaps).
 LATE_STEP_S = 0.01
@@ -110,9 +116,7 @@ class Answer:
         self._cursor = 0  # the first word not yet fully handed on
         self._pieces: asyncio.Queue[str | None] = asyncio.Queue()
         self._chunker = player.voice.make_chunker()
-        self._input_done = False
-        self._synth_done = False
-        self.stopped = False
+        self._input_done = self._synth_done = self.stopped = False
         self.failed = False  # the synthesizer failed: the rest of the answer is text only
         self.started_wall: float | None = None
         self.finished = asyncio.Event()
@@ -468,37 +472,6 @@ class AnswerPlayer:
 # --- the tracks --------------------------------------------------------------------------------------
 
 
-class _Paced:
-    """Absolute deadlines on the session clock: item n is due at ``start + n * period``; a late
-    wake-up is absorbed by the next sleep, and far behind real time the grid skips ahead."""
-
-    def __init__(self, clock: SessionClock, period: float, skip: bool) -> None:
-        self.clock, self.period, self.skip = clock, period, skip
-        self.n: int | None = None
-
-    async def next(self, track: MediaStreamTrack) -> float:
-        """Wait for the next item's time; returns it (session s)."""
-        while not self.clock.started:
-            if track.readyState != "live":
-                raise MediaStreamError
-            await asyncio.sleep(0.02)
-        zero = self.clock.zero_wall
-        assert zero is not None
-        now = time.monotonic() - zero
-        if self.n is None:
-            self.n = max(0, math.ceil(now / self.period))
-        elif self.skip and now - self.n * self.period > MAX_BEHIND_S:
-            self.n = math.ceil(now / self.period)
-        t = self.n * self.period
-        wait = zero + t - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        if track.readyState != "live":
-            raise MediaStreamError
-        self.n += 1
-        return t
-
-
 class AnswerAudioTrack(MediaStreamTrack):
     """The answer's audio: 48 kHz mono s16, 20 ms frames, pts = session time in samples.
 
@@ -511,7 +484,7 @@ class AnswerAudioTrack(MediaStreamTrack):
     def __init__(self, player: AnswerPlayer) -> None:
         super().__init__()
         self.player = player
-        self._pace = _Paced(player.clock, FRAME_S, skip=False)
+        self._pace = Paced(player.clock, FRAME_S, skip=False)
         self._silence = np.zeros(FRAME_SAMPLES, np.int16)
         self.rtp_base: float | None = None  # session s of RTP timestamp 0 (before the origin)
         self.handed_until = -math.inf  # session s: the end of the last frame handed on
@@ -553,7 +526,7 @@ class AvatarTrack(MediaStreamTrack):
     def __init__(self, player: AnswerPlayer) -> None:
         super().__init__()
         self.player = player
-        self._pace = _Paced(player.clock, 1.0 / AVATAR_FPS, skip=True)
+        self._pace = Paced(player.clock, 1.0 / AVATAR_FPS, skip=True)
         self._idle: av.VideoFrame | None = None
         self._resting = False
         self.sent = 0

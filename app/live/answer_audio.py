@@ -1,13 +1,18 @@
-"""The answer's audio as the tracks send it and as its checks read it: 48 kHz PCM from a phrase, the
-quiet-room floor under the sent audio, and the envelope match that finds a word in it."""
+"""The answer's media as the tracks send it and as its checks read it: the tracks' real-time pacing, 48 kHz PCM
+from a phrase, the quiet-room floor under the sent audio, and the envelope match that finds a word in it."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
+import time
 
 import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
 
+from alignment.clock import SessionClock
 from alignment.types import SAMPLE_RATE, SpokenPhrase
 
 AUDIO_RATE = 48_000
@@ -73,3 +78,38 @@ def to_pcm48(phrase: SpokenPhrase) -> np.ndarray:
         raise ValueError("the synthesizer returned unusable audio")
     x = resample(np.asarray(phrase.audio, np.float32), phrase.sample_rate, AUDIO_RATE)
     return (np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
+
+
+#: More behind real time than this and the tracks skip ahead instead of catching up.
+MAX_BEHIND_S = 0.2
+
+
+class Paced:
+    """Absolute deadlines on the session clock: item n is due at ``start + n * period``; a late
+    wake-up is absorbed by the next sleep, and far behind real time the grid skips ahead."""
+
+    def __init__(self, clock: SessionClock, period: float, skip: bool) -> None:
+        self.clock, self.period, self.skip = clock, period, skip
+        self.n: int | None = None
+
+    async def next(self, track: MediaStreamTrack) -> float:
+        """Wait for the next item's time; returns it (session s)."""
+        while not self.clock.started:
+            if track.readyState != "live":
+                raise MediaStreamError
+            await asyncio.sleep(0.02)
+        zero = self.clock.zero_wall
+        assert zero is not None
+        now = time.monotonic() - zero
+        if self.n is None:
+            self.n = max(0, math.ceil(now / self.period))
+        elif self.skip and now - self.n * self.period > MAX_BEHIND_S:
+            self.n = math.ceil(now / self.period)
+        t = self.n * self.period
+        wait = zero + t - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if track.readyState != "live":
+            raise MediaStreamError
+        self.n += 1
+        return t
