@@ -6,12 +6,11 @@ repeated three times, several words at one instant). A word may become final onl
 * the forced alignment (:mod:`alignment.forced`) found it, over speech: enough of its 10 ms frames
   stand ``LOUD_DB`` above the floor of the audio around it (a low percentile, so steady noise raises
   it) and within ``SPEECH_RANGE_DB`` of the loudest frame, and it starts before the end of speech;
-* its duration is a word's (``MAX_WORD_S``); it starts after the word before it (``MIN_STEP_S``) and
-  lies mostly outside that word's span (``MAX_SHARED``: two words on one word's audio are one word
-  heard twice);
+* its duration is a word's (``MAX_WORD_S``) and it starts after the word before it (``MIN_STEP_S``):
+  two words at one start share one word's audio;
 * a repeat of the words just before it (a loop) stands well over speech, and the utterance's text
   does not compress like a loop (Whisper's compression-ratio rule). Whisper's no-speech rule is the
-  engine's, on every decoded window.
+  engine's, on every decoded window. The alignment is the refinement's own; the rest is numpy.
 """
 
 from __future__ import annotations
@@ -40,11 +39,6 @@ FLOOR_DBFS = -70.0
 MAX_WORD_S = 2.0
 #: A word starts at least this long after the word before it.
 MIN_STEP_S = 0.03
-#: A word with more than this share of its span inside the span of the word before it shares that
-#: word's audio (tiny.en heard a long word twice; forced through both, the aligner squeezes them).
-MAX_SHARED = 0.5
-#: ... and at least this long (a short word after a word whose end ran a little long is not a copy).
-MIN_SHARED_S = 0.1
 #: Whisper's rule: a text that gzip compresses better than this is a repetition loop.
 MAX_COMPRESSION_RATIO = 2.4
 
@@ -80,17 +74,14 @@ def compression_ratio(text: str) -> float:
 def judge(
     samples: np.ndarray, t0: float, words: Sequence[WordToken], placed: Sequence[bool],
     before: Sequence[str] = (), previous_start: float | None = None, speech_end: float | None = None,
-    previous_end: float | None = None,
 ) -> Verdict:
     """Which of ``words`` (refined, in order) the audio supports.
 
     ``samples``: 16 kHz audio whose first sample is at ``t0`` (session s), holding the words and
     some audio before them; ``placed``: per word, whether the forced alignment found it;
     ``before``: the utterance's words before these (already final), for the loop rules;
-    ``previous_start``, ``previous_end``: the span of the (final) word before the first of these, if
-    any; ``speech_end``: where the utterance's speech ended (the VAD's end), at an endpoint. The
-    loop and step rules compare a word with the supported words before it only: a word refused
-    here is not the one a later word repeats or follows.
+    ``previous_start``: the start of the word before the first of these, if any; ``speech_end``:
+    where the utterance's speech ended (the VAD's end), at an endpoint.
     """
     if len(placed) != len(words):
         raise ValueError("one placed flag per word")
@@ -98,33 +89,29 @@ def judge(
     floor = float(np.percentile(levels, FLOOR_PERCENTILE)) if levels.size else FLOOR_DBFS
     peak = float(levels.max()) if levels.size else FLOOR_DBFS
     loud = levels >= max(floor + LOUD_DB, peak - SPEECH_RANGE_DB)
-    kept = [agreement_key(w) for w in before]
+    keys = [agreement_key(w) for w in before] + [agreement_key(w.text) for w in words]
+    loop = _loop_words(keys)[len(before) :]
     text = " ".join([*before, *(w.text for w in words)])
     looping = compression_ratio(text) > MAX_COMPRESSION_RATIO
     reasons = []
     last = -np.inf if previous_start is None else previous_start
-    last_end = last if previous_end is None else previous_end
-    for w, ok in zip(words, placed, strict=True):
+    for k, (w, ok) in enumerate(zip(words, placed, strict=True)):
         share = _loud_share(loud, t0, w.start, w.end)
-        loop = _loop_words([*kept, agreement_key(w.text)])[-1]
-        shared = max(min(w.end, last_end) - max(w.start, last), 0.0)
+        step, last = w.start - last, w.start
         if looping:
-            reason = "loop"
+            reasons.append("loop")
         elif not ok:
-            reason = "unplaced"
+            reasons.append("unplaced")
         elif w.end - w.start > MAX_WORD_S:
-            reason = "duration"
-        elif w.start - last < MIN_STEP_S or (shared >= MIN_SHARED_S and shared > MAX_SHARED * (w.end - w.start)):
-            reason = "overlap"
+            reasons.append("duration")
+        elif step < MIN_STEP_S:
+            reasons.append("overlap")
         elif speech_end is not None and w.start >= speech_end - MIN_STEP_S:
-            reason = "silent"
-        elif share < (LOOP_LOUD_SHARE if loop else MIN_LOUD_SHARE):
-            reason = "loop" if loop and share >= MIN_LOUD_SHARE else "silent"
+            reasons.append("silent")
+        elif share < (LOOP_LOUD_SHARE if loop[k] else MIN_LOUD_SHARE):
+            reasons.append("loop" if loop[k] and share >= MIN_LOUD_SHARE else "silent")
         else:
-            reason = ""
-            kept.append(agreement_key(w.text))
-            last, last_end = w.start, w.end
-        reasons.append(reason)
+            reasons.append("")
     return Verdict(tuple(reasons))
 
 

@@ -99,10 +99,9 @@ def test_a_following_word_keeps_streamed_words_off_the_next_ones_start(whisper_m
     print(f"kal streamed: within 40 ms {within}, mean {mean}")
     assert len(errors[1]) >= 12
     assert within[1] >= 0.9
-    # The gain is a few words' worth on two sentences at most (which ones depends on the decoder's
-    # precision: int8 or fp32 blocks, by CPU; since the streaming recogniser re-decodes an utterance that
-    # opens on a carried word, these two read the same with and without): never worse, none pushed out.
-    assert within[1] >= within[0] and mean[1] <= mean[0] + 1.0
+    # The gain is a few words' worth on two sentences (which ones depends on the decoder's
+    # precision: int8 or fp32 blocks, by CPU): closer on average, none pushed out of ±40 ms.
+    assert within[1] >= within[0] and mean[1] < mean[0]
 
 
 def test_alignment_is_the_same_whatever_came_before(hts_speech):

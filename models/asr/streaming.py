@@ -314,9 +314,6 @@ class StreamingASR:
         words = self.engine.transcribe(audio, prefix=prefix, prompt=self._prompt, draft=draft,
                                        expect_words=expect)
         words = self._after_prefix(words, audio)
-        if self._lead and not self._live_finals and words and words[0].key in {w.key for w in self._committed}:
-            self._drop_lead()  # new speech opening on a carried word: heard again without the carry (tiny.en,
-            return self._decode(audio_end, extra_silence_s)  # forced through it, says it over other words)
         # Words that end before this utterance's speech began re-hear the carried context.
         onset = self._utt_start - self._win_start - 0.05
         while words and words[0].end <= onset:
@@ -337,10 +334,7 @@ class StreamingASR:
             cut = max(done - 0.1, 0.0)
             prompt = (self._prompt + "".join(w.raw for w in self._committed)).strip()
             rest = self.engine.transcribe(audio[int(cut * SAMPLE_RATE) :], prompt=prompt)
-            # (with only carried words before it, a word past the carried audio is new: the DTW may snap it to the cut)
-            fresh = self._lead + 0.1 if self._lead and not self._live_finals else float("inf")
-            words = [replace(w, start=w.start + cut, end=w.end + cut) for w in rest
-                     if w.start + cut >= done - 0.05 or w.end + cut > fresh]
+            words = [replace(w, start=w.start + cut, end=w.end + cut) for w in rest if w.start + cut >= done - 0.05]
             carried = {w.key for w in self._committed if w.start < self._lead}
             if len(words) >= 2 and all(w.key in carried for w in words[:2]):
                 # The new speech repeats the carried words, and the forced carry made the
@@ -479,8 +473,7 @@ class StreamingASR:
         refined = [replace(t, final=True) for t in end_by_next_start(context + refined)[len(context) :]]
         since = max(self._buf.start, refined[0].start - _FLOOR_AUDIO_S)
         verdict = judge(self._buf.slice(since, self._buf.end), since, refined, placed, before=self._utt_text,
-                        previous_start=self._refined[-1].start if self._refined else None, speech_end=speech_end,
-                        previous_end=self._refined[-1].end if self._refined else None)
+                        previous_start=self._refined[-1].start if self._refined else None, speech_end=speech_end)
         return refined, list(verdict.supported)
 
     def _rebase(self) -> None:
