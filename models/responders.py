@@ -112,15 +112,20 @@ class CaptionResponder(Responder):
                      headers: Mapping[str, str] | None = None,
                      context: Conversation | None = None) -> AsyncIterator[str]:
         times = times or RequestTimes()
-        times.sent = time.monotonic()
-        words = utterance.split()
-        for i, word in enumerate(words):
-            if i >= policy.max_tokens:
-                times.finish_reason = "length"
-                return
-            times.got(word)
+        times.sent = time.monotonic()  # before the answer is made: its making is part of TTFT
+        async for word in _stream_words(utterance.split(), policy, times):
             yield word
-        times.finish_reason = "stop"
+
+
+async def _stream_words(words: list[str], policy: TokenRatePolicy, times: RequestTimes) -> AsyncIterator[str]:
+    """A built-in responder's words as a token stream: at most ``policy.max_tokens``, each one's time recorded."""
+    for i, word in enumerate(words):
+        if i >= policy.max_tokens:
+            times.finish_reason = "length"
+            return
+        times.got(word)
+        yield word
+    times.finish_reason = "stop"
 
 
 _LOAD_WORDS = ("relaxed", "a little busy", "busy", "overloaded")
@@ -186,14 +191,9 @@ class AssistantResponder(Responder):
                      headers: Mapping[str, str] | None = None,
                      context: Conversation | None = None) -> AsyncIterator[str]:
         times = times or RequestTimes()
-        times.sent = time.monotonic()
-        for i, word in enumerate(self.answer(utterance, context).split()):
-            if i >= policy.max_tokens:
-                times.finish_reason = "length"
-                return
-            times.got(word)
+        times.sent = time.monotonic()  # before the answer is made: its making is part of TTFT
+        async for word in _stream_words(self.answer(utterance, context).split(), policy, times):
             yield word
-        times.finish_reason = "stop"
 
 
 def _load_remark(level: int | None) -> str:
