@@ -26,15 +26,9 @@ CLIP = 8
 #: No noise augmentation and one Euler step: the conditioning latents are exactly the drawings'.
 EXACT = dict(steps=1, noise_aug_strength=0.0)
 
+from tests.test_svd import _one_torch_thread  # noqa: E402, F401  (autouse: one torch thread, as there)
+
 needs_festival = pytest.mark.skipif(not festival.available(), reason="festival slt_hts not installed")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
