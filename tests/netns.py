@@ -63,15 +63,33 @@ def namespace() -> Iterator[Namespace]:
     subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
     _ip("netns", "add", ns.name)
     try:
+        # No IPv6: a link-local address appearing a second after the links come up is a network change to
+        # Chromium, which then aborts the page's in-flight requests (ERR_NETWORK_CHANGED).
+        subprocess.run(["ip", "netns", "exec", ns.name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+                        "net.ipv6.conf.default.disable_ipv6=1"], capture_output=True)
         _ip("-n", ns.name, "link", "set", "lo", "up")
         _ip("-n", ns.name, "link", "add", "sy-s", "type", "veth", "peer", "name", "sy-c")
         _ip("-n", ns.name, "addr", "add", f"{ns.server_ip}/24", "dev", "sy-s")
         _ip("-n", ns.name, "addr", "add", f"{ns.client_ip}/24", "dev", "sy-c")
         _ip("-n", ns.name, "link", "set", "sy-s", "up")
         _ip("-n", ns.name, "link", "set", "sy-c", "up")
+        _settle(ns)
         yield ns
     finally:
         subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
+
+
+def _settle(ns: Namespace, timeout_s: float = 10.0) -> None:
+    """Wait until both veth ends are up with no tentative address, so no change reaches a browser later."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        links = subprocess.run(["ip", "-n", ns.name, "-o", "link", "show"], capture_output=True, text=True).stdout
+        addrs = subprocess.run(["ip", "-n", ns.name, "-o", "addr", "show"], capture_output=True, text=True).stdout
+        up = [line for line in links.splitlines() if "sy-" in line and "state UP" in line]
+        if len(up) == 2 and "tentative" not in addrs:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"namespace {ns.name}: links not up after {timeout_s} s")
 
 
 @contextlib.contextmanager

@@ -354,7 +354,9 @@ class FestivalTTS:
             p.kill()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def __del__(self) -> None:  # a pool nobody closed must not leave festival processes behind
+    def __del__(self) -> None:  # a pool nobody closed must not leave festival processes or files behind
         for p in getattr(self, "_procs", ()):
             if p.proc is not None and p.proc.poll() is None:
                 p.proc.kill()
+        if hasattr(self, "_workdir"):
+            shutil.rmtree(self._workdir, ignore_errors=True)
