@@ -79,13 +79,13 @@ async def test_voice_peer_measures_voice_to_voice_lip_sync_and_barge_in(speaking
     print(figs)
     assert len(figs) >= 2, figs
     one = figs[0]
-    assert one["reason"] == "done" and one["audible"] and one["utterance_index"] == 0
+    assert one["reason"] == "done" and one["audible"] and one["utterance_index"] == 0, one
     assert one["voice_to_voice_ms"] is not None and 0 < one["voice_to_voice_ms"] < 5000
     assert not peer.answer.errors, peer.answer.errors
     assert peer.answer.avatar_frames > 16, "no avatar frames came back"
     assert peer.answer.box is not None and len(peer.answer.mouth) > 16  # the mouth was found in the pixels
     assert one["lip_sync_ms"] is not None and abs(one["lip_sync_ms"]) <= 300
     cut = next(f for f in figs if f["barge_in"])  # the answer the peer spoke over (its stop, timed)
-    assert cut["utterance_index"] == 1 and not cut["false_interruption"]
+    assert cut["utterance_index"] == 1 and not cut["false_interruption"], cut
     assert cut["stop_ms"] is not None and 0 < cut["stop_ms"] < 4000
     assert utt.end > utt.onset

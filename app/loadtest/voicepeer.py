@@ -341,7 +341,8 @@ def answer_figures(listener: AnswerListener, events: list[Any], said: list[Utter
         fig: dict[str, Any] = {"answer": rec.answer, "reason": rec.reason, "words": len(rec.words),
                                "server_voice_latency_ms": rec.server_latency_ms, "voice_to_voice_ms": None,
                                "stop_ms": None, "fired_ms": None, "barge_in": False, "false_interruption": False,
-                               "lip_sync_ms": None, "lip_corr": None, "audible": first is not None}
+                               "lip_sync_ms": None, "lip_corr": None, "audible": first is not None,
+                               "utterance": None, "utterance_index": None}
         utt = _answered(rec, said, None if first is None else first.wall - t0)
         if utt is not None and first is not None:
             fig["voice_to_voice_ms"] = round((first.wall - (t0 + utt.end)) * 1000.0, 1)
