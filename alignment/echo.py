@@ -46,8 +46,8 @@ class EchoConfig:
     min_delay_s: float = 0.01  # a lag below this is a false peak (no real path is that short)
     spread_s: float = 0.1  # the delay may move this much either way (sender stalls, jitter buffer)
     trust_erle_db: float = 1.0  # the locked delay narrows the suppressor only once the filter cancels this much
-    #: this many consecutive estimates within coarse_tol_s make a coarse delay; 0 (off) until a clean live run of
-    #: bench/voice.py shows it keeps false interruptions rare (offline it does; one overloaded live run did not)
+    #: this many consecutive estimates within coarse_tol_s make a coarse delay; 0 (off): in a clean live run of
+    #: bench/voice.py it let the echo interrupt 7 % of answers (BENCHMARKS.md, spoken answers)
     coarse_votes: int = 0
     coarse_tol_s: float = 0.015
     coarse_conf: float = 4.0  # the least GCC-PHAT peak-to-spread ratio an estimate needs to vote
