@@ -65,8 +65,8 @@ def namespace() -> Iterator[Namespace]:
     try:
         # No IPv6: a link-local address appearing a second after the links come up is a network change to
         # Chromium, which then aborts the page's in-flight requests (ERR_NETWORK_CHANGED).
-        subprocess.run(["ip", "netns", "exec", ns.name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
-                        "net.ipv6.conf.default.disable_ipv6=1"], capture_output=True)
+        off = "for c in all default; do echo 1 > /proc/sys/net/ipv6/conf/$c/disable_ipv6; done"
+        subprocess.run(["ip", "netns", "exec", ns.name, "sh", "-c", off], capture_output=True)  # no procps needed
         _ip("-n", ns.name, "link", "set", "lo", "up")
         _ip("-n", ns.name, "link", "add", "sy-s", "type", "veth", "peer", "name", "sy-c")
         _ip("-n", ns.name, "addr", "add", f"{ns.server_ip}/24", "dev", "sy-s")
