@@ -30,6 +30,7 @@ import httpx
 
 from alignment.pacing import PacedToken, TokenPacer
 from alignment.types import LoadEstimate, TokenRatePolicy
+from models.http_client import shared_client
 
 
 @dataclass(frozen=True)
@@ -263,23 +264,23 @@ class OpenAIResponder(Responder):
         count = 0
         try:
             async with asyncio.timeout(self.total_timeout_s):
-                async with httpx.AsyncClient(timeout=self.timeout) as client:
-                    async with client.stream("POST", self.url, json=self.payload(utterance, policy, context),
-                                             headers=sent, extensions={"trace": trace}) as resp:
-                        if resp.status_code != 200:
-                            body = (await resp.aread()).decode("utf-8", "replace")[:200]
-                            raise ResponderError(f"{self.url} answered HTTP {resp.status_code}: {body}")
-                        async for line in resp.aiter_lines():
-                            text, done = _parse_sse_line(line, self.url, times)
-                            if done:
+                client = await shared_client()
+                async with client.stream("POST", self.url, json=self.payload(utterance, policy, context),
+                                         headers=sent, timeout=self.timeout, extensions={"trace": trace}) as resp:
+                    if resp.status_code != 200:
+                        body = (await resp.aread()).decode("utf-8", "replace")[:200]
+                        raise ResponderError(f"{self.url} answered HTTP {resp.status_code}: {body}")
+                    async for line in resp.aiter_lines():
+                        text, done = _parse_sse_line(line, self.url, times)
+                        if done:
+                            return
+                        if text:
+                            times.got(text)
+                            yield text
+                            count += 1
+                            if count >= policy.max_tokens:
+                                times.finish_reason = times.finish_reason or "length"
                                 return
-                            if text:
-                                times.got(text)
-                                yield text
-                                count += 1
-                                if count >= policy.max_tokens:
-                                    times.finish_reason = times.finish_reason or "length"
-                                    return
         except TimeoutError:
             raise ResponderError(
                 f"{self.url} did not finish within {self.total_timeout_s:g} s"

@@ -44,6 +44,7 @@ from app.live.stages import AnswerConfig
 from app.live.turns import TurnConfig
 from app.live.video_encoder import install as install_lean_encoder
 from app.live.warmup import WarmState, warm_up
+from models.http_client import close_shared_client
 
 log = logging.getLogger("synchrony.server")
 
@@ -134,6 +135,7 @@ class LiveServer:
         measuring.cancel()
         await asyncio.gather(*(s.close("server shutdown") for s in list(self.sessions.values())),
                              return_exceptions=True)
+        await close_shared_client()
         await asyncio.to_thread(tracing.shutdown)
 
     def lst_snapshot(self) -> JSONBody | None:

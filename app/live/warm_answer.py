@@ -24,6 +24,7 @@ from app.live.answer import FRAME_S, AnswerPlayer, draw_avatar
 from app.live.answer_lst import MeteredAnswer
 from app.live.events import LSTEvent, ResponseEvent, WarningEvent
 from app.live.stages import AnswerConfig, Stage, Voice
+from models.http_client import close_shared_client
 
 _PIECES = ("Warm", "ing", " up", " the", " answer", " path.")
 
@@ -69,6 +70,7 @@ async def _answer(responder_name: str) -> int:
         json.dumps(LSTEvent(meter.snapshot()).to_wire())
         return sent
     finally:
+        await close_shared_client()  # this private loop's (the server's loop makes its own, off the loop)
         server.close()
         await server.wait_closed()
 

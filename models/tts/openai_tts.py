@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 
 from alignment.types import SAMPLE_RATE, SpokenPhone, SpokenPhrase
+from models.http_client import shared_client
 from models.tts.base import TTSError, check_request, display_words, empty_phrase
 from models.tts.normalize import NormalizedWord, bare, normalize_text, spoken_text
 
@@ -76,8 +77,9 @@ class OpenAITTS:
         body = {"model": self.model, "input": spoken, "voice": self.voice, "response_format": "wav",
                 "speed": round(min(max(wpm / self.natural_wpm, 0.25), 4.0), 3)}
         try:
-            async with httpx.AsyncClient(timeout=self._timeout) as client:
-                resp = await asyncio.wait_for(client.post(self.url, json=body, headers=headers), self.timeout_s)
+            client = await shared_client()
+            resp = await asyncio.wait_for(client.post(self.url, json=body, headers=headers, timeout=self._timeout),
+                                          self.timeout_s)
         except (TimeoutError, httpx.TimeoutException):
             raise TTSError(f"TTS at {self.url} timed out after {self.timeout_s:g} s") from None
         except httpx.ConnectError as exc:
