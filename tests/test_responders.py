@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import numpy as np
 import pytest
 
 from alignment.pacing import TokenPacer
 from alignment.types import TokenRatePolicy
+from models import http_client
 from models.responders import (
     CaptionResponder,
     OpenAIResponder,
@@ -108,6 +111,27 @@ async def test_openai_streams_tokens_and_passes_policy(fake_openai):
     assert req["stream"] is True and req["model"] == "tiny"
     assert req["max_tokens"] == POLICY.max_tokens and req["temperature"] == pytest.approx(POLICY.temperature)
     assert req["messages"][-1] == {"role": "user", "content": "where does the report go?"}
+
+
+async def test_openai_requests_share_one_client_made_off_the_loop(fake_openai, monkeypatch):
+    """Every session's requests on a loop use one pooled client, built in a worker thread: building one
+    (an SSL context, 20–35 ms) on the loop stalled every other session's paced tokens."""
+    made_on: list[int] = []
+
+    class Recording(httpx.AsyncClient):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            made_on.append(threading.get_ident())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(http_client.httpx, "AsyncClient", Recording)
+    await http_client.close_shared_client()
+    srv = await fake_openai()
+    sessions = [OpenAIResponder(base_url=srv.base_url) for _ in range(2)]
+    for responder in sessions * 2:
+        assert [t async for t in responder.tokens("where does the report go?", POLICY)] == REPLY
+    assert len(srv.requests) == 4
+    assert len(made_on) == 1 and made_on[0] != threading.get_ident()
+    await http_client.close_shared_client()
 
 
 async def test_openai_tokens_are_paced_and_capped(fake_openai):
