@@ -164,7 +164,6 @@ class EchoCanceller:
         self._played_until = -1  # absolute sample index one past the last played sample
         self._mic_end = 0
         self._decay = 10 ** (-6 * self.B / SAMPLE_RATE / cfg.rt60_s)  # power decay per block
-        self.delay_log: list[tuple[float, int, float]] = []
 
     # ---- the played side -------------------------------------------------------------------------
     def played(self, pts: float, samples: np.ndarray) -> None:
@@ -243,7 +242,6 @@ class EchoCanceller:
         if float(np.mean(far * far)) < 1e-7 or float(np.mean(mic * mic)) < 1e-9:
             return
         lag, conf = self._delay_est.estimate(mic, far)
-        self.delay_log.append((end / SAMPLE_RATE, lag, conf))
         if lag < int(cfg.min_delay_s * SAMPLE_RATE):
             return
         self._vote(lag, conf)
