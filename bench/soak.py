@@ -221,9 +221,14 @@ async def settled(base: str, baseline: dict[str, Any] | None = None, timeout: fl
         await asyncio.sleep(0.2)
 
 
+#: Server-wide thread pools that grow lazily to a fixed maximum: asyncio's default executor and the
+#: frame renderer's (app.live.output, 2 workers). A thread of theirs appearing is not a session's leak.
+_FIXED_POOLS = ("asyncio_", "render_")
+
+
 def _own_threads(r: dict[str, Any]) -> int:
-    """Threads other than asyncio's default executor (a pool that grows lazily to a fixed maximum)."""
-    return sum(1 for n in r["thread_names"] if not n.startswith("asyncio_"))
+    """Threads other than the fixed pools' (``_FIXED_POOLS``)."""
+    return sum(1 for n in r["thread_names"] if not n.startswith(_FIXED_POOLS))
 
 
 def verdict(ok: bool) -> str:
@@ -349,11 +354,13 @@ async def phase_vanish(base: str, media_timeout_s: float) -> dict[str, Any]:
         reaped_s = time.monotonic() - t_kill
         m = await metrics(base)
     after = await settled(base, before)
-    back = {k: after[k] - before[k] for k in ("threads", "tasks", "sessions", "asr_streams")}
+    back = {k: after[k] - before[k] for k in ("tasks", "sessions", "asr_streams")}
+    back["threads"] = _own_threads(after) - _own_threads(before)  # as in the cycles: the default pool grows lazily
     ok = reaped_s <= media_timeout_s + REAP_SLACK_S and all(v <= 0 for v in back.values())
     return {"ok": ok, "reaped_s": round(reaped_s, 2), "limit_s": media_timeout_s + REAP_SLACK_S,
             "during": {k: during[k] for k in ("sessions", "asr_streams", "threads", "tasks")},
-            "after_minus_before": back, "ended": _select(m, "synchrony_sessions_ended_total")}
+            "after_minus_before": back, "new_threads": sorted(set(after["thread_names"]) - set(before["thread_names"])),
+            "ended": _select(m, "synchrony_sessions_ended_total")}
 
 
 async def phase_soak(base: str, clip: Any, peers: int, minutes: float, interval: float,
@@ -520,7 +527,7 @@ def report(out: dict[str, Any], command: str) -> bool:
     if "vanish" in out:
         v = out["vanish"]
         print(f"vanish  {verdict(v['ok'])}: reaped {v['reaped_s']} s after SIGKILL (target ≤ {v['limit_s']} s); "
-              f"during {v['during']}; after − before {v['after_minus_before']}")
+              f"during {v['during']}; after − before {v['after_minus_before']} (new threads {v['new_threads']})")
         ok &= v["ok"]
     if "soak" in out:
         s = out["soak"]
