@@ -231,6 +231,17 @@ def _own_threads(r: dict[str, Any]) -> int:
     return sum(1 for n in r["thread_names"] if not n.startswith(_FIXED_POOLS))
 
 
+def _left_behind(before: dict[str, Any], after: dict[str, Any], counts: tuple[str, ...]) -> dict[str, int]:
+    """What a phase left behind: each count's change, and threads outside the fixed pools."""
+    out = {k: after[k] - before[k] for k in counts}
+    out["threads"] = _own_threads(after) - _own_threads(before)
+    return out
+
+
+def _new_threads(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    return sorted(set(after["thread_names"]) - set(before["thread_names"]))
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -299,9 +310,8 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int, trace_leaks:
     growth = after["rss_mb"] - before["rss_mb"]
     trend = _trend(checkpoints) * n
     held = after["rss_trimmed_mb"] - before["rss_trimmed_mb"]
-    leaks = {k: after[k] - before[k] for k in ("tasks", "fds", "sessions", "asr_streams")}
-    leaks["threads"] = _own_threads(after) - _own_threads(before)
-    new_threads = sorted(set(after["thread_names"]) - set(before["thread_names"]))
+    leaks = _left_behind(before, after, ("tasks", "fds", "sessions", "asr_streams"))
+    new_threads = _new_threads(before, after)
     ok = growth <= RSS_GROWTH_MB and all(v <= 0 for v in leaks.values()) and not failures
     times.sort()
     return {"ok": ok, "cycles": n, "parallel": parallel, "failures": failures[:10], "n_failures": len(failures),
@@ -354,12 +364,11 @@ async def phase_vanish(base: str, media_timeout_s: float) -> dict[str, Any]:
         reaped_s = time.monotonic() - t_kill
         m = await metrics(base)
     after = await settled(base, before)
-    back = {k: after[k] - before[k] for k in ("tasks", "sessions", "asr_streams")}
-    back["threads"] = _own_threads(after) - _own_threads(before)  # as in the cycles: the default pool grows lazily
+    back = _left_behind(before, after, ("tasks", "sessions", "asr_streams"))
     ok = reaped_s <= media_timeout_s + REAP_SLACK_S and all(v <= 0 for v in back.values())
     return {"ok": ok, "reaped_s": round(reaped_s, 2), "limit_s": media_timeout_s + REAP_SLACK_S,
             "during": {k: during[k] for k in ("sessions", "asr_streams", "threads", "tasks")},
-            "after_minus_before": back, "new_threads": sorted(set(after["thread_names"]) - set(before["thread_names"])),
+            "after_minus_before": back, "new_threads": _new_threads(before, after),
             "ended": _select(m, "synchrony_sessions_ended_total")}
 
 
