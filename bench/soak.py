@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -92,8 +93,33 @@ def install_debug_route(app: FastAPI, path: str = "/debug/resources") -> None:
         return {"grew": [f"{st.size_diff / 1e6:+.2f} MB in {st.count_diff:+d} blocks at {st.traceback}"
                          for st in stats[:25]]}
 
+    async def heap(request: Request) -> dict[str, object]:
+        """Where idle RSS sits: glibc's arenas (in use / free / mmapped) and Python's own blocks."""
+        return heap_stats()
+
     app.add_api_route(path, resources, methods=["GET"])
+    app.add_api_route(path + "/heap", heap, methods=["GET"])
     app.add_api_route(path + "/allocations", allocations, methods=["GET"])
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_stats() -> dict[str, object]:
+    """glibc ``mallinfo2`` (summed over arenas) in MB, and ``sys.getallocatedblocks``: a rise in
+    ``in_use`` is live native memory, in ``free`` the allocator's retention (fragmentation)."""
+    out: dict[str, object] = {"py_blocks": sys.getallocatedblocks()}
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        return out
+    m = libc.mallinfo2()
+    out.update(in_use_mb=round(m.uordblks / 1e6, 2), free_mb=round(m.fordblks / 1e6, 2),
+               mmapped_mb=round(m.hblkhd / 1e6, 2), arena_mb=round(m.arena / 1e6, 2))
+    return out
 
 
 def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:
@@ -281,6 +307,7 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int, trace_leaks:
     for _ in range(10):  # warm: first sessions fill caches (codecs, MediaPipe graphs, oneDNN primitives)
         await asyncio.gather(*(one_cycle(url, clip) for _ in range(parallel)))
     before = await settled(base)
+    print(f"  after 10 warm cycles: idle server RSS {before['rss_mb']:.1f} MB, heap {await _heap(base)}", flush=True)
     if trace_leaks:
         await _allocations(base, "start")
     times: list[float] = []
@@ -301,9 +328,10 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int, trace_leaks:
             r = await settled(base, before)  # idle, like ``before``: a leak shows as a rising series
             checkpoints.append((done, r["rss_mb"]))
             print(f"  cycles {done}/{n}: idle server RSS {r['rss_mb']:.1f} MB, threads {r['threads']}, "
-                  f"tasks {r['tasks']}, {time.monotonic() - t0:.0f} s", flush=True)
+                  f"tasks {r['tasks']}, heap {await _heap(base)}, {time.monotonic() - t0:.0f} s", flush=True)
     after = await settled(base, before)
     checkpoints.append((n, after["rss_mb"]))
+    print(f"  cycles {n}/{n}: idle server RSS {after['rss_mb']:.1f} MB, heap {await _heap(base)}", flush=True)
     if trace_leaks:
         for line in (await _allocations(base, "diff")).get("grew", []):
             print(f"  grew: {line}", flush=True)
@@ -322,6 +350,11 @@ async def phase_cycles(base: str, clip: Any, n: int, parallel: int, trace_leaks:
             "leaked": leaks, "new_threads": new_threads,
             "cycle_s_p50": round(times[len(times) // 2], 2) if times else None,
             "wall_s": round(time.monotonic() - t0, 1)}
+
+
+async def _heap(base: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=base, timeout=30.0) as c:
+        return (await c.get("/debug/resources/heap")).json()
 
 
 async def _allocations(base: str, at: str) -> dict[str, Any]:

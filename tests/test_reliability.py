@@ -244,7 +244,7 @@ def test_serve_bounds_native_memory_pools_before_starting():
             "print(bound_native_memory(), os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.split() == ["True", "256"]
+    assert out.stdout.split() == ["True", "32"]
     env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "1024"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["True", "1024"]

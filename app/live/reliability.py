@@ -139,7 +139,7 @@ def _libc() -> ctypes.CDLL | Literal[False]:
     return _LIBC
 
 
-def bound_native_memory(arenas: int = 2, onednn_cache: int = 256) -> bool:
+def bound_native_memory(arenas: int = 2, onednn_cache: int = 32) -> bool:
     """Bound two native memory pools that grew with the number of sessions served; call it before
     the server loads models or starts threads (``synchrony serve`` does). Returns False where glibc
     is not there (the arena cap then does nothing).
@@ -147,9 +147,10 @@ def bound_native_memory(arenas: int = 2, onednn_cache: int = 256) -> bool:
     * glibc gives each contending thread its own malloc arena; short sessions' codec, AU, ASR and
       executor threads land in ever different arenas, each keeping its freed pages fragmented. Two
       arenas (as ``MALLOC_ARENA_MAX=2``) keep the baseline low and flat after warm-up.
-    * oneDNN caches a compiled primitive per input shape; Whisper's encoder sees ever-new window
-      lengths, so the default cache filled session after session. 256 entries cost no measurable
-      ASR CPU; fewer rebuild evicted primitives. An explicit ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` wins.
+    * oneDNN caches a compiled primitive per input shape; Whisper's window lengths vary continuously,
+      so the cache fills with shapes that rarely come back (the encoder's activations, the decoder's
+      matmuls) and holds them until it is full. 32 entries cost no measurable ASR CPU; each entry
+      kept costs memory. An explicit ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` wins.
 
     The figures behind both choices (bench/soak.py) are in docs/benchmarks-history.md.
     """
