@@ -178,26 +178,39 @@ class ForcedAligner:
         spans = self.align(audio, words)
         if spans is None:
             return None
-        dec = self._decoder
         duration = len(audio) / SAMPLE_RATE
-        try:
-            dec.set_alignment()
-            dec.start_utt()
-            dec.process_raw(self._pcm(audio), full_utt=True)
-            dec.end_utt()
-            alignment = dec.get_alignment()
-            entries = list(alignment.phones()) if alignment is not None else []
-        except RuntimeError as exc:
-            log.debug("phone alignment failed: %s", exc)
-            return spans, []
         phones = []
-        for ph in entries:
+        for ph in self._phone_pass(audio) or []:
             start = min(max(ph.start * FRAME_S - _PAD_S, 0.0), duration)
             end = min(max((ph.start + ph.duration) * FRAME_S - _PAD_S, 0.0), duration)
             if end > start:
                 name = ph.name.lower()
                 phones.append(("pau" if name in ("sil", "+nsn+", "+spn+") else name, start, end))
         return spans, phones
+
+    def fit(self, audio: np.ndarray, words: Sequence[str]) -> float | None:
+        """How well ``words`` explain ``audio``: the phone-level alignment's summed acoustic score
+        (log-likelihood, higher is better), None where the words do not fit it. Only two texts
+        scored on the same audio compare: whether a word's audio is there, not just its place."""
+        if self.align(audio, words) is None:
+            return None
+        entries = self._phone_pass(audio)
+        return float(sum(ph.score for ph in entries)) if entries else None
+
+    def _phone_pass(self, audio: np.ndarray) -> list[object] | None:
+        """The phone-level pass over ``audio`` for the text the last :meth:`align` set (None where
+        it fails)."""
+        dec = self._decoder
+        try:
+            dec.set_alignment()
+            dec.start_utt()
+            dec.process_raw(self._pcm(audio), full_utt=True)
+            dec.end_utt()
+            alignment = dec.get_alignment()
+            return list(alignment.phones()) if alignment is not None else []
+        except RuntimeError as exc:
+            log.debug("phone alignment failed: %s", exc)
+            return None
 
 
 _RESET_PCM = (np.random.default_rng(1).normal(0.0, _DITHER, int(0.2 * SAMPLE_RATE)) * 32767.0

@@ -9,14 +9,16 @@ repeated three times, several words at one instant). A word may become final onl
 * its duration is a word's (``MAX_WORD_S``) and it starts after the word before it (``MIN_STEP_S``):
   two words at one start share one word's audio;
 * a repeat of the words just before it (a loop) stands well over speech, and the utterance's text
-  does not compress like a loop (Whisper's compression-ratio rule). Whisper's no-speech rule is the
-  engine's, on every decoded window. The alignment is the refinement's own; the rest is numpy.
+  does not compress like a loop (Whisper's compression-ratio rule); and the audio holds both copies
+  (:func:`repeat_heard`: tiny.en hears one "friends" as "friends friends", and the aligner fits two
+  copies into one word's audio). Whisper's no-speech rule is the engine's, on every decoded window.
+  The alignment is the refinement's own; the rest is numpy.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,11 +128,45 @@ def _loop_words(keys: Sequence[str]) -> list[bool]:
     """Per word: it belongs to a copy of the word run just before it (``a b a b``: the second
     ``a b``; ``x x x``: the second and third ``x``)."""
     flags = [False] * len(keys)
+    for start, n in loop_runs(keys):
+        flags[start : start + n] = [True] * n
+    return flags
+
+
+def loop_runs(keys: Sequence[str]) -> list[tuple[int, int]]:
+    """Each copy of the word run just before it, as (first index of the copy, run length), found
+    at the copy's last word, the shortest run first."""
+    runs = []
     for i in range(len(keys)):
         for n in range(1, i // 2 + 1 + 1):
             if i - 2 * n + 1 < 0:
                 break
             if keys[i - n + 1 : i + 1] == keys[i - 2 * n + 1 : i - n + 1]:
-                flags[i - n + 1 : i + 1] = [True] * n
+                runs.append((i - n + 1, n))
                 break
-    return flags
+    return runs
+
+
+#: Audio around a repeat that its check scores (s): the edges of the first and last copy.
+REPEAT_MARGIN_S = 0.15
+#: A repeat is refused only when the words without it fit the audio clearly better: by more than
+#: this, in the aligner's score per 10 ms frame of the scored audio (calibrated on the tuning
+#: speakers' one-word clips, each scored once and doubled: docs/asr-measurements.md).
+MIN_REPEAT_GAIN = -1.0
+
+
+def repeat_heard(samples: np.ndarray, t0: float, original: Sequence[WordToken], copy: Sequence[WordToken],
+                 fit: Callable[[np.ndarray, Sequence[str]], float | None]) -> bool:
+    """Whether the audio holds ``copy`` (a repeat of the words ``original``, just before it) as
+    well as the original: the words without the copy must not explain the audio of both clearly
+    better than the words with it. ``samples`` start at ``t0`` (session s); ``fit`` scores a text against audio
+    (:meth:`alignment.forced.ForcedAligner.fit`, higher is better, None: does not fit)."""
+    a = max(int((original[0].start - REPEAT_MARGIN_S - t0) * SAMPLE_RATE), 0)
+    b = min(int((copy[-1].end + REPEAT_MARGIN_S - t0) * SAMPLE_RATE), len(samples))
+    audio = samples[a:b]
+    with_copy = fit(audio, [w.text for w in (*original, *copy)])
+    if with_copy is None:
+        return False
+    without = fit(audio, [w.text for w in original])
+    frames = len(audio) / (FRAME_S * SAMPLE_RATE)
+    return without is None or with_copy - without > MIN_REPEAT_GAIN * frames

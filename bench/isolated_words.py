@@ -88,15 +88,16 @@ def build_session(k: int, clips: list[dict], leads: list[np.ndarray]) -> tuple[n
     return np.concatenate(parts), trials
 
 
-def stream(audio: np.ndarray) -> tuple[list[WordToken], int]:
-    """The finals of one streamed session (20 ms chunks), and the words held back as unsupported."""
+def stream(audio: np.ndarray) -> tuple[list[WordToken], int, int]:
+    """The finals of one streamed session (20 ms chunks), the words held back as unsupported, and
+    of those the repeats whose second copy the audio did not hold."""
     asr = StreamingASR("whisper", StreamingConfig())
     finals: list[WordToken] = []
     for i in range(0, audio.size, 320):
         finals += [e for e in asr.feed(AudioChunk(i / SAMPLE_RATE, audio[i : i + 320]))
                    if isinstance(e, WordToken) and e.final]
     finals += [e for e in asr.flush() if isinstance(e, WordToken) and e.final]
-    return finals, getattr(asr, "unsupported", 0)
+    return finals, asr.unsupported, asr.repeats_unheard
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,12 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # Spread the kinds of word (numbers, call signs, prompts) over the sessions.
     clips = [clips[i] for i in np.random.default_rng(0).permutation(len(clips))]
-    n_words = correct = missed = invented = inventing = held = misheard = 0
+    n_words = correct = missed = invented = inventing = held = misheard = repeats = 0
     t0 = time.perf_counter()
     for k in range(args.start, args.start + args.sessions):
         audio, trials = build_session(k, clips, leads)
-        finals, unsupported = stream(audio)
+        finals, unsupported, unheard = stream(audio)
         held += unsupported
+        repeats += unheard
         line = []
         for tr in trials:
             got = [f for f in finals if tr.start - 0.3 <= f.start < tr.stop - 0.3]
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ilo, ihi = wilson(inventing, n_words)
     print(f"  invented final words: {invented}, in {inventing} of the {n_words} utterances (Wilson 95 %"
           f" {100 * ilo:.1f}-{100 * ihi:.1f} %): {misheard} misheard (in place of the words said),"
-          f" {invented - misheard} extra; missed words: {missed}; words held back as unsupported: {held}")
+          f" {invented - misheard} extra; missed words: {missed}; words held back as unsupported: {held}"
+          f" (repeats the audio did not hold: {repeats})")
     ok = invented == 0 and correct >= 0.9 * n_words
     print(f"  targets (zero invented, >= 90 % correct): {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

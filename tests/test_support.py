@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from alignment.support import compression_ratio, judge
+from alignment.forced import aligner
+from alignment.support import compression_ratio, judge, loop_runs, repeat_heard
 from alignment.text import agreement_key
 from alignment.timing import align_words
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
@@ -47,6 +48,26 @@ def test_a_loop_needs_its_audio_and_a_long_loop_is_refused_outright(sentence):
     assert compression_ratio(loop) > 2.4 > compression_ratio(sentence.text)
     reasons = judge(sentence.samples, 0.0, words[:2], [True] * 2, before=loop.split()).reasons
     assert reasons == ("loop", "loop")
+
+
+@pytest.mark.parametrize("voice", ["en-us", "festival:kal_diphone"])
+def test_a_repeat_is_final_only_where_the_audio_holds_both_copies(voice):
+    """tiny.en hears one "friends" as "friends friends" and the aligner fits both copies into the one
+    word's audio; said twice, both copies stand. The check scores both texts on the same audio."""
+    once = testmedia.speak("friends", voice, lead_in_s=0.3)
+    twice = testmedia.speak("friends, friends", voice, lead_in_s=0.3)
+    pad = np.zeros(SAMPLE_RATE // 2, np.float32)
+    a = once.words[0].start
+    b = a + (once.duration - a) / 2  # the copy squeezed into the second half of the one word
+    one = np.concatenate([once.samples, pad])
+    assert not repeat_heard(one, 0.0, [WordToken("friends", a, b)], [WordToken("friends", b, once.duration)],
+                            aligner().fit)
+    first, second = twice.words
+    two = np.concatenate([twice.samples, pad])
+    assert repeat_heard(two, 0.0, [WordToken("friends", first.start, second.start)],
+                        [WordToken("friends", second.start, twice.duration)], aligner().fit)
+    assert loop_runs(["friends", "friends"]) == [(1, 1)]
+    assert loop_runs(["a", "b", "a", "b", "c"]) == [(2, 2)]
 
 
 class _LoopingEngine:
