@@ -170,3 +170,21 @@ def repeat_heard(samples: np.ndarray, t0: float, original: Sequence[WordToken], 
     without = fit(audio, [w.text for w in original])
     frames = len(audio) / (FRAME_S * SAMPLE_RATE)
     return without is None or with_copy - without > MIN_REPEAT_GAIN * frames
+
+
+def refuse_unheard_repeats(samples: np.ndarray, t0: float, prior: Sequence[WordToken], words: Sequence[WordToken],
+                           supported: Sequence[bool], fit: Callable[[np.ndarray, Sequence[str]], float | None],
+                           ) -> tuple[list[bool], int]:
+    """``supported`` (per word of ``words``, after ``prior``: the utterance's last final words), less
+    each repeat of the words just before it whose second copy the audio does not hold
+    (:func:`repeat_heard`); and how many repeats that refused."""
+    out, refused = list(supported), 0
+    tokens = [*prior, *words]
+    for start, n in loop_runs([agreement_key(t.text) for t in tokens]):
+        k = start - len(prior)
+        if k < 0 or not all(out[k : k + n]):
+            continue
+        if not repeat_heard(samples, t0, tokens[start - n : start], tokens[start : start + n], fit):
+            out[k : k + n] = [False] * n
+            refused += 1
+    return out, refused

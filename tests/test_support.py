@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from alignment.forced import aligner
-from alignment.support import compression_ratio, judge, loop_runs, repeat_heard
+from alignment.support import compression_ratio, judge, loop_runs, refuse_unheard_repeats, repeat_heard
 from alignment.text import agreement_key
 from alignment.timing import align_words
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
@@ -62,6 +62,9 @@ def test_a_repeat_is_final_only_where_the_audio_holds_both_copies(voice):
     one = np.concatenate([once.samples, pad])
     assert not repeat_heard(one, 0.0, [WordToken("friends", a, b)], [WordToken("friends", b, once.duration)],
                             aligner().fit)
+    # As the stream meets it: the first copy already final, the second new and otherwise supported.
+    assert refuse_unheard_repeats(one, 0.0, [WordToken("friends", a, b)], [WordToken("friends", b, once.duration)],
+                                  [True], aligner().fit) == ([False], 1)
     first, second = twice.words
     two = np.concatenate([twice.samples, pad])
     assert repeat_heard(two, 0.0, [WordToken("friends", first.start, second.start)],

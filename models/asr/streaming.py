@@ -22,8 +22,8 @@ from whisper.model import Whisper
 
 from alignment.blas import single_threaded_blas
 from alignment.forced import aligner
-from alignment.support import judge, loop_runs, repeat_heard
-from alignment.text import agreement_key, without_punctuation
+from alignment.support import judge, refuse_unheard_repeats
+from alignment.text import without_punctuation
 from alignment.timing import align_words, end_by_next_start
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
 from models.asr.engine import DecodedWord, Engine, check_audio, get_engine
@@ -476,22 +476,11 @@ class StreamingASR:
         since = max(self._buf.start, refined[0].start - _FLOOR_AUDIO_S)
         verdict = judge(self._buf.slice(since, self._buf.end), since, refined, placed, before=self._utt_text,
                         previous_start=self._refined[-1].start if self._refined else None, speech_end=speech_end)
-        return refined, self._repeats_heard(refined, list(verdict.supported), audio)
-
-    def _repeats_heard(self, refined: list[WordToken], supported: list[bool], audio: np.ndarray) -> list[bool]:
-        """``supported``, less each repeat of the words just before it (among the utterance's last
-        finals and ``refined``) whose second copy the audio does not hold (:func:`repeat_heard`)."""
         prior = [t for t in self._refined if t.utterance == self._utt]
-        words = prior + refined
-        for start, n in loop_runs([agreement_key(t.text) for t in words]):
-            k = start - len(prior)
-            if k < 0 or not all(supported[k : k + n]):
-                continue
-            if not repeat_heard(audio, self._buf.start, words[start - n : start], words[start : start + n],
-                                aligner().fit):
-                supported[k : k + n] = [False] * n
-                self.repeats_unheard += 1
-        return supported
+        supported, unheard = refuse_unheard_repeats(audio, self._buf.start, prior, refined, verdict.supported,
+                                                    aligner().fit)
+        self.repeats_unheard += unheard
+        return refined, supported
 
     def _rebase(self) -> None:
         """Window too long: move its start to a final word boundary so a step costs O(1).
