@@ -168,7 +168,7 @@ class StreamingASR:
         self._n_final = 0  # finals emitted in the current utterance
         self._refined: list[WordToken] = []  # this utterance's last final tokens (refinement context)
         self.unsupported = 0  # words the audio did not back: held as interims, or dropped at an endpoint
-        self.repeats_unheard = 0  # of those, repeats whose second copy the audio did not hold
+        self.repeats_unheard = 0  # refusals of a repeat whose second copy the audio did not hold (per decode)
         self._prompt = ""  # finals of this utterance before the current window
         self._hyp: list[DecodedWord] = []  # last hypothesis after the committed words
         self._hyp_history: deque[list[str]] = deque(maxlen=max(AGREEMENT - 1, 1))
