@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -71,7 +70,7 @@ QUEUE_BOUNDS: dict[str, float | None] = {
 
 def install_debug_route(app: FastAPI, path: str = "/debug/resources") -> None:
     """Add ``GET path`` (``?gc=1``, ``?trim=1``: see ``app.live.reliability.snapshot``) returning JSON."""
-    from app.live.reliability import snapshot
+    from app.live.reliability import heap_mb, snapshot
 
     async def resources(request: Request) -> dict[str, object]:
         q = request.query_params
@@ -95,31 +94,11 @@ def install_debug_route(app: FastAPI, path: str = "/debug/resources") -> None:
 
     async def heap(request: Request) -> dict[str, object]:
         """Where idle RSS sits: glibc's arenas (in use / free / mmapped) and Python's own blocks."""
-        return heap_stats()
+        return {"py_blocks": sys.getallocatedblocks(), **(heap_mb() or {})}
 
     app.add_api_route(path, resources, methods=["GET"])
     app.add_api_route(path + "/heap", heap, methods=["GET"])
     app.add_api_route(path + "/allocations", allocations, methods=["GET"])
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def heap_stats() -> dict[str, object]:
-    """glibc ``mallinfo2`` (summed over arenas) in MB, and ``sys.getallocatedblocks``: a rise in
-    ``in_use`` is live native memory, in ``free`` the allocator's retention (fragmentation)."""
-    out: dict[str, object] = {"py_blocks": sys.getallocatedblocks()}
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-    except (OSError, AttributeError):
-        return out
-    m = libc.mallinfo2()
-    out.update(in_use_mb=round(m.uordblks / 1e6, 2), free_mb=round(m.fordblks / 1e6, 2),
-               mmapped_mb=round(m.hblkhd / 1e6, 2), arena_mb=round(m.arena / 1e6, 2))
-    return out
 
 
 def _serve(port_file: str, max_sessions: int, media_timeout_s: float) -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from alignment.json_types import JsonObject
@@ -171,6 +172,29 @@ def release_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+def heap_mb() -> dict[str, float] | None:
+    """glibc's heap summed over its arenas (``mallinfo2``), MB: a rise in ``in_use_mb`` is live native
+    memory, in ``free_mb`` the allocator's retention. Tells a leak from fragmentation when RSS grows;
+    None where glibc 2.33+ is not there."""
+    libc = _libc()
+    mallinfo2 = getattr(libc, "mallinfo2", None) if libc else None
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _mallinfo2_type()
+    m = mallinfo2()
+    return {"in_use_mb": round(m.uordblks / 1e6, 2), "free_mb": round(m.fordblks / 1e6, 2),
+            "mmapped_mb": round(m.hblkhd / 1e6, 2), "arena_mb": round(m.arena / 1e6, 2)}
+
+
+@lru_cache(maxsize=1)
+def _mallinfo2_type() -> type:
+    """glibc's ``struct mallinfo2`` (malloc.h): ten ``size_t`` fields."""
+    import ctypes
+
+    names = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    return type("MallInfo2", (ctypes.Structure,), {"_fields_": [(n, ctypes.c_size_t) for n in names]})
 
 
 def freeze_warm_heap() -> None:
