@@ -163,13 +163,21 @@ def repeat_heard(samples: np.ndarray, t0: float, original: Sequence[WordToken], 
     (:meth:`alignment.forced.ForcedAligner.fit`, higher is better, None: does not fit)."""
     a = max(int((original[0].start - REPEAT_MARGIN_S - t0) * SAMPLE_RATE), 0)
     b = min(int((copy[-1].end + REPEAT_MARGIN_S - t0) * SAMPLE_RATE), len(samples))
-    audio = samples[a:b]
-    with_copy = fit(audio, [w.text for w in (*original, *copy)])
+    gain = repeat_gain(samples[a:b], [w.text for w in original], [w.text for w in copy], fit)
+    return gain > MIN_REPEAT_GAIN
+
+
+def repeat_gain(audio: np.ndarray, original: Sequence[str], copy: Sequence[str],
+                fit: Callable[[np.ndarray, Sequence[str]], float | None]) -> float:
+    """How much better ``original`` then ``copy`` fits ``audio`` than ``original`` alone, per 10 ms
+    frame (-inf where the copy does not fit at all, +inf where only the text with it does)."""
+    with_copy = fit(audio, [*original, *copy])
     if with_copy is None:
-        return False
-    without = fit(audio, [w.text for w in original])
-    frames = len(audio) / (FRAME_S * SAMPLE_RATE)
-    return without is None or with_copy - without > MIN_REPEAT_GAIN * frames
+        return -np.inf
+    without = fit(audio, list(original))
+    if without is None:
+        return np.inf
+    return (with_copy - without) / (len(audio) / (FRAME_S * SAMPLE_RATE))
 
 
 def refuse_unheard_repeats(samples: np.ndarray, t0: float, prior: Sequence[WordToken], words: Sequence[WordToken],

@@ -24,23 +24,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alignment.forced import aligner  # noqa: E402
-from alignment.support import FRAME_S, MIN_REPEAT_GAIN  # noqa: E402
+from alignment.support import MIN_REPEAT_GAIN, repeat_gain  # noqa: E402
 from alignment.types import SAMPLE_RATE  # noqa: E402
 from bench.human_data import load  # noqa: E402
 from bench.isolated_words import DATA, wilson  # noqa: E402
 
 MARGINS = (-1.5, -1.0, -0.5, 0.0, 0.5)
-
-
-def gain(audio: np.ndarray, word: str) -> float:
-    """Score of "word word" minus "word" on ``audio``, per 10 ms frame (-inf: two copies do not fit)."""
-    a = aligner()
-    two, one = a.fit(audio, [word, word]), a.fit(audio, [word])
-    if two is None:
-        return -np.inf
-    if one is None:
-        return np.inf
-    return (two - one) / (len(audio) / (FRAME_S * SAMPLE_RATE))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         words = clip["accept"][0].split()
         if clip.get("speaker") not in speakers or len(words) != 1 or (audio := load(clip["source"])) is None:
             continue
-        once.append(gain(np.concatenate([edge, audio, edge]), words[0]))
-        twice.append(gain(np.concatenate([edge, audio, gap, audio, edge]), words[0]))
+        once.append(repeat_gain(np.concatenate([edge, audio, edge]), words, words, aligner().fit))
+        twice.append(repeat_gain(np.concatenate([edge, audio, gap, audio, edge]), words, words, aligner().fit))
     if not once:
         print("no clips available")
         return 1
