@@ -172,8 +172,8 @@ def make_peer_scene(rng: np.random.Generator, answer: str, bulk_s: float = 0.1, 
                     user: tuple[str, str] | None = None, at_s: float | None = None,
                     user_db: float = 0.0) -> Scene:
     """The load-test peer's echo path (app/loadtest/answers.EchoPath, the room of ``bench/voice.py --seed``):
-    each received 20 ms frame is "played" at its arrival time (``bulk_s`` of network + jitter buffer, plus a
-    per-frame arrival jitter up to ``jitter_s``) and mixed back into the mic through the sparse tap response.
+    each received 20 ms frame arrives after ``bulk_s`` of network, plus a per-frame jitter up to ``jitter_s``, is
+    played out by the peer's jitter buffer (EchoPath) and mixed back into the mic through the sparse tap response.
     ``stall_p``: chance per frame that the server's event loop stalls (``stall_s`` long) before sending it: the
     frames due meanwhile go out in a burst at its end. ``played`` is told each frame's scheduled pts, or with
     ``stamp_sent`` the instant it really went out (``Scene.sends``). ``user``: a voice (as ``make_scene``)

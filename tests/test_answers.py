@@ -85,12 +85,29 @@ def test_room_response_is_seeded_and_within_30_to_250_ms():
 
 def test_echo_path_delays_what_was_played_by_each_tap():
     room = ans.RoomResponse(((0.05, 0.5), (0.2, 0.1)))
-    path = ans.EchoPath(room, rate=1000, seconds=2.0)
+    path = ans.EchoPath(room, rate=1000, seconds=2.0, buffer_s=0.0)
     path.played(1.0, np.ones(20, np.float32))  # 1.000–1.020 s
     assert path.echo(1.05, 20) == pytest.approx(np.full(20, 0.5))
     assert path.echo(1.20, 20) == pytest.approx(np.full(20, 0.1))
     assert not path.echo(1.10, 20).any()
     assert not path.echo(0.5, 20).any()  # before anything was played
+
+
+def test_echo_path_plays_frames_back_to_back_like_a_jitter_buffer():
+    """Frames arriving jittered or in a burst play contiguous; a dry buffer leaves a gap; a long backlog drains."""
+    path = ans.EchoPath(ans.RoomResponse(((0.0, 1.0),)), rate=1000, seconds=2.0, buffer_s=0.01, max_buffer_s=0.05)
+    path.played(1.000, np.full(20, 1.0, np.float32))  # plays 1.010–1.030
+    path.played(1.003, np.full(20, 2.0, np.float32))  # early (a burst): queued behind, 1.030–1.050
+    path.played(1.045, np.full(20, 3.0, np.float32))  # 5 ms late against 1.040 but the buffer holds: 1.050–1.070
+    assert path.echo(1.010, 60) == pytest.approx(np.repeat([1.0, 2.0, 3.0], 20))
+    path.played(1.200, np.full(20, 4.0, np.float32))  # the buffer ran dry: silence, then 1.210–1.230
+    assert not path.echo(1.070, 140).any()
+    assert path.echo(1.210, 20) == pytest.approx(np.full(20, 4.0))
+    for _ in range(5):  # a burst of 100 ms at once: 1.230–1.330 queued
+        path.played(1.205, np.full(20, 5.0, np.float32))
+    path.played(1.210, np.full(20, 6.0, np.float32))  # backlog 120 ms > 50 ms: drained, plays 1.220–1.240
+    assert path.echo(1.220, 20) == pytest.approx(np.full(20, 6.0))
+    assert not path.echo(1.240, 90).any()
 
 
 def test_speech_span_skips_a_hissing_leading_pause():

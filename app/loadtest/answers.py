@@ -227,33 +227,45 @@ class RoomResponse:
 
 
 class EchoPath:
-    """The received answer, as the peer "played" it, coming back into the peer's microphone.
+    """The received answer, as the peer's loudspeaker played it, coming back into the peer's microphone.
 
-    ``played(peer_s, samples)`` writes received audio at the peer-clock instant it arrived (48 kHz mono
-    float); ``echo(peer_s, n)`` is what the room adds to the ``n`` mic samples sent from ``peer_s``.
-    A ring buffer of a few seconds: bounded whatever the session's length.
+    ``played(arrival_s, samples)`` hands over a received frame at the peer-clock instant it arrived; it is
+    played as a receiver's jitter buffer plays it: right after the frame before, or ``buffer_s`` after its
+    arrival when the buffer had run dry, and a backlog beyond ``max_buffer_s`` (a burst after a sender's
+    stall) is dropped, as a receiver speeding its playout up drains it. Writing each frame at its own
+    arrival instant instead would cut the echo into gaps and overlaps at every jittered arrival, a sound
+    no loudspeaker makes. ``echo(peer_s, n)`` is what the room adds to the ``n`` mic samples sent from
+    ``peer_s``. A ring buffer of a few seconds: bounded whatever the session's length.
     """
 
-    def __init__(self, room: RoomResponse, rate: int = 48_000, seconds: float = 4.0) -> None:
+    def __init__(self, room: RoomResponse, rate: int = 48_000, seconds: float = 4.0, buffer_s: float = 0.02,
+                 max_buffer_s: float = 0.08) -> None:
         self.room = room
         self.rate = rate
+        self.buffer = int(round(buffer_s * rate))
+        self.max_buffer = int(round(max_buffer_s * rate))
         self._buf = np.zeros(int(seconds * rate), np.float32)
         self._written_until = 0  # absolute sample index (peer clock · rate) written up to
 
-    def played(self, peer_s: float, samples: np.ndarray) -> None:
-        start = int(round(peer_s * self.rate))
-        if start < 0:
+    def played(self, arrival_s: float, samples: np.ndarray) -> None:
+        arrived = int(round(arrival_s * self.rate))
+        if arrived < 0:
             return
+        start = self._written_until
+        if start < arrived:  # the buffer ran dry: a gap of silence, then buffer_s of slack again
+            start = arrived + self.buffer
+            self._clear(self._written_until, start)
+        elif start - arrived > self.max_buffer:  # drain the backlog: what was queued is never played
+            self._clear(arrived + self.buffer, start)
+            start = arrived + self.buffer
         n = len(samples)
         size = len(self._buf)
-        # Clear anything between what was written last and this frame (a gap is silence).
-        if start > self._written_until:
-            self._clear(self._written_until, min(start, self._written_until + size))
         idx = (np.arange(start, start + n) % size)
         self._buf[idx] = samples[-size:] if n > size else samples
-        self._written_until = max(self._written_until, start + n)
+        self._written_until = start + n
 
     def _clear(self, a: int, b: int) -> None:
+        b = min(b, a + len(self._buf))
         if b > a:
             self._buf[np.arange(a, b) % len(self._buf)] = 0.0
 

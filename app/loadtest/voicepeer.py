@@ -154,7 +154,7 @@ class AnswerListener:
                 if out:  # "flt": float32 in [-1, 1]
                     self.audio16k.append((wall, np.concatenate(out).astype(np.float32, copy=False)))
                 if self.echo is not None and self._t0 is not None and self._t0() is not None:
-                    self.echo.played(now - self._t0(), pcm)  # played when the jitter buffer lets it out
+                    self.echo.played(now - self._t0(), pcm)  # arrived now; EchoPath plays it out
         except (MediaStreamError, asyncio.CancelledError):
             return
         except Exception as exc:  # noqa: BLE001 - a measuring peer reports, it does not crash the run
