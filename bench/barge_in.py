@@ -10,7 +10,8 @@ Detection delay = the end of the chunk whose ``feed`` returned the BargeIn minus
 (network and client playout come on top). A BargeIn before the true onset, in an echo-only or a
 noise scene, is a false interruption. ERLE compares the mic's echo energy with the cleaned output
 over echo-only answers (from the echo's arrival to its end). ``--peer``: the voice bench's echo path instead
-(the coarse delay was tuned on TUNE_* with peer seeds 0-15 and 200-205). Run:
+(the coarse delay was tuned on TUNE_* with peer seeds 0-15 and 200-205). ``--trace FOLDER``: a live session
+recorded by ``bench/voice.py --trace`` (the detector's inputs as the server saw them), replayed. Run:
 ``flock /tmp/heavy.lock env PYTHONPATH=$PWD .venv/bin/python bench/barge_in.py``
 """
 
@@ -77,9 +78,9 @@ def erle_db(scene: es.Scene, clean: np.ndarray) -> float:
 
 def peer_scenes(args: argparse.Namespace, answers: tuple[str, ...], users: tuple[tuple[str, str], ...],
                 make: Callable[[], BargeInDetector]) -> None:
-    """The load-test peer's echo path (``bench/voice.py``): sparse taps, 40-150 ms of network, frames played as
-    they arrive (jittered), 1 % of frames after a server stall, each frame stamped when it went out; the user
-    0.5-1.5 s into the answer (as the voice bench barges in) at -6..+6 dB from the answer's peak."""
+    """The load-test peer's echo path (``bench/voice.py``): sparse taps, 40-150 ms of network, jittered frames
+    played out by the peer's jitter buffer, 1 % of frames after a server stall, each frame stamped when it went
+    out; the user 0.5-1.5 s into the answer (as the voice bench barges in) at -6..+6 dB from the answer's peak."""
     delays, false_echo, missed = [], 0, 0
     for k in range(args.n):
         rng = np.random.default_rng(args.seed + k)
@@ -103,6 +104,87 @@ def peer_scenes(args: argparse.Namespace, answers: tuple[str, ...], users: tuple
           f"{false_echo}/{args.n}")
 
 
+def trace_offset(mic: np.ndarray, mic_t0: float, voice: np.ndarray) -> float:
+    """Session time minus peer time: the lag that best matches the peer's voice-only track against the traced
+    mic (both 16 kHz; the mic also holds the echo), by cross-correlation at 4 kHz."""
+    from scipy.signal import fftconvolve
+
+    a = mic[: mic.size // 4 * 4].reshape(-1, 4).mean(axis=1)
+    b = voice[: voice.size // 4 * 4].reshape(-1, 4).mean(axis=1)
+    c = fftconvolve(a, b[::-1], mode="full")
+    lag = int(np.argmax(c)) - (b.size - 1)  # mic index = voice index + lag
+    return mic_t0 + lag * 4 / SR
+
+
+def trace_replay(folder: str, make: Callable[[], BargeInDetector]) -> tuple[list[float], int, int, int]:
+    """Replay a live session's detector inputs (``bench/voice.py --trace``) through ``make()``; prints and
+    returns (detection delays s, false interruptions, barge-ins missed, answers).
+
+    Each stretch of chunks fed while an answer played is an answer, split where the user finished an
+    utterance (its answer replaces the one playing). An answer's first BargeIn is timed when a barge-in
+    utterance began in it and the BargeIn came after that onset (less 100 ms) and within 1 s; before the
+    onset, or in an answer nobody spoke over, it is a false interruption. Traced with ``--trace-listen``
+    every answer played on, so any detector can be timed; otherwise the live detector stopped the answer
+    and a slower one cannot be seen (counted missed)."""
+    from pathlib import Path
+
+    from models.bargein import read_trace
+
+    (path,) = sorted(Path(folder).glob("bargein-*.pkl"))
+    truth = np.load(Path(folder) / "truth.npz")
+    records = read_trace(path)
+    mic = [r for r in records if r[0] == "mic"]
+    mic_t0 = float(mic[0][1])  # type: ignore[arg-type]
+    offset = trace_offset(np.concatenate([r[2] for r in mic]), mic_t0, truth["voice"])  # type: ignore[misc]
+    onsets, ends = truth["onset"] + offset, truth["end"] + offset
+    barges = onsets[truth["barge_in"]]
+    speech = list(zip(onsets, ends, strict=True))
+    splits = sorted(ends + 0.2)
+    det = make()
+    delays: list[float] = []
+    false = missed = answers = 0
+    start: float | None = None  # of the answer playing
+    fired: float | None = None
+
+    def close(end: float) -> None:
+        nonlocal false, missed
+        assert start is not None
+        onset = next((o for o in barges if start - 0.2 <= o < end), None)
+        if fired is None or (onset is not None and fired > onset + 1.0):
+            missed += onset is not None
+        elif onset is not None and fired >= onset - 0.1:
+            delays.append(fired - onset)
+        elif not any(a - 0.1 <= fired <= b for a, b in speech):  # else the user, just not on cue
+            false += 1
+
+    k = 0
+    for r in records:
+        if r[0] == "played":
+            det.played(float(r[1]), r[2])  # type: ignore[arg-type]
+            continue
+        _, pts, samples, answering = r
+        chunk = AudioChunk(float(pts), samples)  # type: ignore[arg-type]
+        split = False
+        while k < len(splits) and splits[k] <= chunk.pts:
+            split, k = True, k + 1
+        if start is not None and (not answering or split):
+            close(chunk.pts)
+            start = None
+        playing = bool(answering) and not split  # a split chunk resets the detector for the next answer
+        _, hit = det.feed(chunk, playing)
+        if playing and start is None:
+            start, fired = chunk.pts, None
+            answers += 1
+        if hit is not None and fired is None:
+            fired = chunk.pts + chunk.samples.size / SR
+    d = np.array(delays or [np.nan]) * 1e3
+    print(f"trace {path.name}: offset session - peer {offset:.3f} s; {answers} answers, {len(barges)} barge-ins said")
+    print(f"detection delay (fired - true onset): n={len(delays)} p50 {np.nanpercentile(d, 50):.0f} ms  p90 "
+          f"{np.nanpercentile(d, 90):.0f} ms  p99 {np.nanpercentile(d, 99):.0f} ms  max {np.nanmax(d):.0f} ms; "
+          f"missed {missed}; false interruptions {false}")
+    return delays, false, missed, answers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=56, help="scenes of each kind (barge-in, echo-only, noise)")
@@ -110,9 +192,13 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="use the tuning set instead of the held-out one")
     ap.add_argument("--peer", action="store_true", help="the load-test peer's echo path instead of rooms")
     ap.add_argument("--coarse", action="store_true", help="the detector with the coarse delay (A/B; off by default)")
+    ap.add_argument("--trace", default=None, help="replay a live session recorded by bench/voice.py --trace FOLDER")
     args = ap.parse_args()
     on = BargeInConfig(echo=EchoConfig(coarse_votes=3))
     make = partial(BargeInDetector, on) if args.coarse else BargeInDetector
+    if args.trace:
+        trace_replay(args.trace, make)
+        return
     answers, users = (es.TUNE_ANSWERS, es.TUNE_USERS) if args.tune else (es.HELD_ANSWERS, es.HELD_USERS)
     if args.peer:
         peer_scenes(args, answers, users, make)

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from alignment.types import SAMPLE_RATE  # noqa: E402
 from app.loadtest import answers as ans  # noqa: E402
 from app.loadtest.voicepeer import answer_audio, answers_of, echo_tokens  # noqa: E402
+from models.bargein import TRACE_ENV, TRACE_LISTEN_ENV  # noqa: E402
 
 V2V_P50_MS, V2V_P95_MS, LLM_V2V_P50_MS = 550.0, 850.0, 700.0
 STOP_P50_MS, STOP_P99_MS, FALSE_RATE = 250.0, 450.0, 0.05
@@ -321,11 +322,19 @@ async def live(args: argparse.Namespace) -> dict[str, Any]:
     said = await asyncio.to_thread(voices, SENTENCES)
     out: dict[str, Any] = {}
     stop_at = time.monotonic() + args.max_minutes * 60
+    if args.trace:
+        os.environ[TRACE_ENV] = str(args.trace)  # the built-in run's server only
+        if args.trace_listen:
+            os.environ[TRACE_LISTEN_ENV] = "1"
     async with Run(args, list(args.server_arg), "built-in") as run:
+        os.environ.pop(TRACE_ENV, None)
+        os.environ.pop(TRACE_LISTEN_ENV, None)
         run.deadline = stop_at - (90 if args.llm_turns else 0)
         out["answered"] = await run.turns(said, args.turns)
         out["barge_ins_made"] = await run.barge_ins(said, args.barge_ins, rng) if args.barge_ins else 0
         out["builtin"] = (run.peer.figures(), run.peer, dict(run.phase_of))
+        if args.trace:
+            write_truth(args.trace, run.peer.said, said)
     if args.llm_turns and time.monotonic() < stop_at:
         llm = await StandInLLM(ttft_s=0.080).start()
         try:
@@ -337,6 +346,24 @@ async def live(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await llm.stop()
     return out
+
+
+def write_truth(folder: Path, utterances: list[Any], said: list[Said]) -> None:
+    """What the peer said (peer clock): ``bench/barge_in.py --trace`` places it on the server's clock by
+    matching this voice-only track against the traced microphone."""
+    from app.loadtest.answers import speech_span
+
+    audio = {s.text: s.samples for s in said}
+    end = max((u.end for u in utterances), default=0.0)
+    voice = np.zeros(int((end + 1.0) * SAMPLE_RATE), np.float32)
+    for u in utterances:
+        x = audio[u.text]
+        span = speech_span(x, SAMPLE_RATE)
+        x = x[span[0]:span[1]] if span else x
+        i = int(round(u.onset * SAMPLE_RATE))
+        voice[i:i + len(x)] += x[: max(len(voice) - i, 0)]
+    np.savez_compressed(Path(folder) / "truth.npz", onset=[u.onset for u in utterances],
+                        end=[u.end for u in utterances], barge_in=[u.barge_in for u in utterances], voice=voice)
 
 
 def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
@@ -453,6 +480,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-minutes", type=float, default=15.0, help="stop the live part after this long")
     ap.add_argument("--server-arg", action="append", default=[], help="extra `synchrony serve` argument")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="folder: the server's barge-in detector records its inputs there, and the peer its truth "
+                         "(replay with bench/barge_in.py --trace)")
+    ap.add_argument("--trace-listen", action="store_true",
+                    help="with --trace: the server records but never stops an answer (the barge-in figures then "
+                         "come from the replay)")
     args = ap.parse_args()
     if not (1 <= args.turns <= 200 and 0 <= args.barge_ins <= 300 and 0 <= args.llm_turns <= 100
             and 0.5 <= args.max_minutes <= 60):

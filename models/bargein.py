@@ -10,7 +10,12 @@ once no echo can arrive, the chunk is returned as it came.
 
 from __future__ import annotations
 
+import os
+import pickle
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -111,3 +116,56 @@ class BargeInDetector:
         self._pending = buf[n * WINDOW :] if hit is None else np.zeros(0, np.float32)
         self._t += n * WINDOW_S
         return hit
+
+
+#: A directory here makes every detector record its inputs there (``BargeInTrace``): a diagnostic.
+TRACE_ENV = "SYNCHRONY_ECHO_TRACE"
+#: Set (to anything) beside it, the traced detectors record but never stop an answer: every answer plays
+#: on under the user's speech, so a replay can time any detector, however slow.
+TRACE_LISTEN_ENV = "SYNCHRONY_ECHO_TRACE_LISTEN"
+
+
+class BargeInTrace:
+    """A detector that also appends everything it is given to a file: the answer audio as sent and each
+    mic chunk with whether an answer was playing. Live echo (the real network, playout and server stalls)
+    is what the offline scenes get wrong; ``bench/barge_in.py --trace`` replays these files through any
+    detector configuration."""
+
+    def __init__(self, detector: BargeInDetector, path: Path, stops: bool = True) -> None:
+        self.detector = detector
+        self.stops = stops
+        self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 - appended to for the session's life
+
+    @classmethod
+    def from_env(cls) -> BargeInDetector | BargeInTrace:
+        """A plain detector, or a traced one writing under ``$SYNCHRONY_ECHO_TRACE`` when that is set."""
+        folder = os.environ.get(TRACE_ENV)
+        if not folder:
+            return BargeInDetector()
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        path = Path(folder) / f"bargein-{os.getpid()}-{uuid.uuid4().hex[:8]}.pkl"
+        return cls(BargeInDetector(), path, stops=not os.environ.get(TRACE_LISTEN_ENV))
+
+    def played(self, pts: float, samples: np.ndarray) -> None:
+        self._write(("played", pts, np.asarray(samples, np.float32)))
+        self.detector.played(pts, samples)
+
+    def feed(self, chunk: AudioChunk, answering: bool) -> tuple[AudioChunk, BargeIn | None]:
+        self._write(("mic", chunk.pts, np.asarray(chunk.samples, np.float32), answering))
+        clean, hit = self.detector.feed(chunk, answering)
+        return clean, hit if self.stops else None
+
+    def _write(self, record: tuple[object, ...]) -> None:
+        pickle.dump(record, self._file)
+        self._file.flush()
+
+
+def read_trace(path: Path) -> list[tuple[object, ...]]:
+    """The records of one ``BargeInTrace`` file, in order."""
+    out = []
+    with open(path, "rb") as f:
+        while True:
+            try:
+                out.append(pickle.load(f))
+            except EOFError:
+                return out

@@ -164,3 +164,26 @@ def test_a_user_one_second_into_the_answer_is_heard_before_the_delay_locks():
             assert scene.onset is not None and onset is not None and emitted is not None, f"scene {k}: missed"
             assert scene.onset - 0.1 <= onset <= scene.onset + 0.3
             assert emitted - scene.onset <= 0.4
+
+
+def test_a_traced_detector_replays_to_the_same_barge_in(tmp_path):
+    """``bench/barge_in.py --trace`` tunes on live recordings: replaying one must reproduce what the detector did."""
+    from models.bargein import BargeInTrace, read_trace
+
+    scene = es.make_scene(np.random.default_rng(5), es.TUNE_ANSWERS[5 % 3], user=es.TUNE_USERS[0])
+    _, onset, emitted, _ = run_scene(scene, BargeInTrace(BargeInDetector(), tmp_path / "t.pkl"))
+    assert onset is not None and emitted is not None
+    records = read_trace(tmp_path / "t.pkl")
+    assert {r[0] for r in records} == {"played", "mic"}
+    det, fired = BargeInDetector(), []
+    for r in records:
+        if r[0] == "played":
+            det.played(r[1], r[2])
+        elif det.feed(AudioChunk(r[1], r[2]), r[3])[1] is not None:
+            fired.append(r[1])
+    assert len(fired) == 1 and abs(fired[0] + 0.02 - emitted) < 1e-6
+    listening = BargeInTrace(BargeInDetector(), tmp_path / "listen.pkl", stops=False)
+    assert run_scene(scene, listening)[2] is None  # records, never stops the answer: it plays on
+    heard = read_trace(tmp_path / "listen.pkl")
+    assert sum(r[0] == "mic" for r in heard) == sum(r[0] == "mic" for r in records)
+    assert sum(r[0] == "played" for r in heard) > sum(r[0] == "played" for r in records)

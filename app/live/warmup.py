@@ -207,10 +207,10 @@ def _warm_voice(config: ServerConfig, state: WarmState) -> None:
                     lambda: pool.submit(asyncio.run, speak_once(voice, "Hello there. I am ready.")).result())
     state.stages.voice = voice
     try:  # the user's speech over an answer stops it; its echo in the mic is removed first
-        from models.bargein import BargeInDetector
+        from models.bargein import BargeInDetector, BargeInTrace
 
         state.timed("barge-in", "load", BargeInDetector)
-        state.stages.make_bargein = BargeInDetector
+        state.stages.make_bargein = BargeInTrace.from_env
     except ImportError as exc:
         state.stages.missing["barge-in"] = f"module not available: {exc}"
 
