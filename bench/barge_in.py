@@ -32,6 +32,8 @@ from bench import echo_sim as es
 from models.bargein import BargeInConfig, BargeInDetector
 
 CHUNK = 320
+#: Cleaned echo above this level (dBFS) may still be heard as words (the canceller's floor note, alignment/echo.py).
+LEAK_DBFS = -55.0
 
 
 def run_scene(scene: es.Scene, det: BargeInDetector) -> tuple[np.ndarray, float | None, float | None, list[float]]:
@@ -143,6 +145,8 @@ def trace_replay(folder: str, make: Callable[[], BargeInDetector]) -> tuple[list
     det = make()
     delays: list[float] = []
     false = missed = answers = 0
+    loud_echo = echo_only = 0  # 20 ms chunks while an answer played and the user was silent: of them, cleaned
+    quiet = 10 ** (LEAK_DBFS / 10)  # output louder than LEAK_DBFS (echo the ASR may hear as words)
     start: float | None = None  # of the answer playing
     fired: float | None = None
 
@@ -171,7 +175,10 @@ def trace_replay(folder: str, make: Callable[[], BargeInDetector]) -> tuple[list
             close(chunk.pts)
             start = None
         playing = bool(answering) and not split  # a split chunk resets the detector for the next answer
-        _, hit = det.feed(chunk, playing)
+        clean, hit = det.feed(chunk, playing)
+        if answering and not any(a - 0.3 <= chunk.pts <= b + 0.3 for a, b in speech):
+            echo_only += 1
+            loud_echo += float(np.mean(clean.samples ** 2)) > quiet
         if playing and start is None:
             start, fired = chunk.pts, None
             answers += 1
@@ -181,7 +188,8 @@ def trace_replay(folder: str, make: Callable[[], BargeInDetector]) -> tuple[list
     print(f"trace {path.name}: offset session - peer {offset:.3f} s; {answers} answers, {len(barges)} barge-ins said")
     print(f"detection delay (fired - true onset): n={len(delays)} p50 {np.nanpercentile(d, 50):.0f} ms  p90 "
           f"{np.nanpercentile(d, 90):.0f} ms  p99 {np.nanpercentile(d, 99):.0f} ms  max {np.nanmax(d):.0f} ms; "
-          f"missed {missed}; false interruptions {false}")
+          f"missed {missed}; false interruptions {false}; cleaned echo above {LEAK_DBFS:.0f} dBFS in "
+          f"{loud_echo} of {echo_only} echo-only chunks")
     return delays, false, missed, answers
 
 

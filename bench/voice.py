@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from alignment.types import SAMPLE_RATE  # noqa: E402
 from app.loadtest import answers as ans  # noqa: E402
-from app.loadtest.voicepeer import answer_audio, answers_of, echo_tokens  # noqa: E402
+from app.loadtest.voicepeer import answer_audio, answers_of, echo_tokens, heard_words  # noqa: E402
 from models.bargein import TRACE_ENV, TRACE_LISTEN_ENV  # noqa: E402
 
 V2V_P50_MS, V2V_P95_MS, LLM_V2V_P50_MS = 550.0, 850.0, 700.0
@@ -378,6 +378,7 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     audible = [f for f in figs if f["audible"]]
     server_v2v = [f["server_voice_latency_ms"] for f in turn_figs if f["server_voice_latency_ms"] is not None]
     heard_echo = echo_tokens(peer.events, said)
+    over_heard, over_said = heard_words(peer.events, said)
     warnings = [e.message for e in peer.events if e.type == "warning"]
     print(f"\nbuilt-in responder, 1 session, echo path {'off' if args.no_echo else 'on'} "
           f"({'turns and barge-ins' if args.echo_turns else 'barge-in phase'}) "
@@ -402,7 +403,7 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     rate = len(false) / len(figs) if figs else None
     print(f"  false interruptions: {len(false)} of {len(figs)} answers "
           f"({fmt(None if rate is None else 100 * rate, ' %')}); final user words heard in none of the peer's "
-          f"utterances (echo): {heard_echo}")
+          f"utterances (echo): {heard_echo}; words said over an answer finalised: {over_heard} of {over_said}")
     bias = lip_bias([f.get("text") or "" for f in _texts(peer)][:8] or list(SENTENCES[:4])) if lips else []
     b = float(np.median(bias)) if bias else 0.0
     corrected = [x - b for x in lips]

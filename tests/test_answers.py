@@ -155,6 +155,20 @@ def test_echo_tokens_are_words_the_peer_never_said():
     assert echo_tokens(events, said) == 1
 
 
+def test_heard_words_count_the_finals_of_what_was_said_over_an_answer():
+    from app.loadtest.voicepeer import heard_words
+
+    class E:
+        def __init__(self, m):
+            self.message = m
+
+    said = [Utterance("what is the time", 1.0, 2.0), Utterance("hold on hold on", 5.0, 6.0, barge_in=True)]
+    events = [E({"type": "token", "final": True, "start": t, "text": w}) for t, w in
+              ((1.2, "what"), (5.1, "Hold"), (5.4, "on,"), (5.6, "hold"), (9.0, "on"))]
+    events.append(E({"type": "token", "final": False, "start": 5.8, "text": "on"}))
+    assert heard_words(events, said) == (3, 4)  # the last "on": an interim, and a final said nowhere near
+
+
 def test_answer_figures_pool_per_peer_and_per_round():
     from app.loadtest import metrics as lm
     from app.loadtest.records import AnswerSummary

@@ -416,3 +416,22 @@ def echo_tokens(events: list[Any], said: list[Utterance], margin_s: float = 0.5)
             n += 1
     return n
 
+
+
+def heard_words(events: list[Any], said: list[Utterance], margin_s: float = 0.5) -> tuple[int, int]:
+    """(words the server finalised, words said) over the utterances said over an answer (``barge_in``):
+    how much of a user's speech over the answer survives the echo removal."""
+    from alignment.text import agreement_key
+
+    finals = [(float(m["start"]), agreement_key(str(m.get("text", "")))) for e in events
+              if (m := e.message).get("type") == "token" and m.get("final")
+              and isinstance(m.get("start"), (int, float))]
+    heard = total = 0
+    for u in said:
+        if not u.barge_in:
+            continue
+        words = [agreement_key(w) for w in u.text.split()]
+        got = [w for t, w in finals if u.onset - margin_s <= t <= u.end + margin_s]
+        total += len(words)
+        heard += sum(min(words.count(w), got.count(w)) for w in set(words))
+    return heard, total
