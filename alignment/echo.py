@@ -8,9 +8,9 @@ The answer comes back delayed (network, playout, room), filtered, reverberant. P
    background filter that always adapts and a foreground one (used) that copies it when it cancels
    better (double talk).
 3. Residual suppression per band: the echo left is predicted from the played band power times a
-   learned coupling; bands it explains go to a floor, louder ones (the user) pass. It spans ``spread_s``
-   around the trusted lock (its filter cancels), else a coarse delay (rough estimates agree; optional),
-   else any delay.
+   learned coupling (at least ``min_coupling``); bands it explains go to a floor, louder ones (the user)
+   pass. It spans ``spread_s`` around the trusted lock (its filter cancels), else a coarse delay (rough
+   estimates agree; optional), else any delay.
 When nothing was played recently ``process`` returns the chunk itself.
 """
 
@@ -53,11 +53,15 @@ class EchoConfig:
     coarse_conf: float = 4.0  # the least GCC-PHAT peak-to-spread ratio an estimate needs to vote
     coarse_min_s: float = 0.03  # no networked client's echo is earlier (a lag of one 20 ms frame is an artefact)
     coarse_coupling_floor: float = 0.5  # the coupling assumed at least while only a coarse delay is known
+    #: the coupling assumed at least once the delay is trusted: what the filter leaves can jump far above what
+    #: it was learned at (a filter re-converging after the echo path moved, or after double talk), and live
+    #: that residual was heard as the user (bench/barge_in.py --trace; BENCHMARKS.md, spoken answers)
+    min_coupling: float = 0.2
 
     def __post_init__(self) -> None:
         if self.block < 32 or self.partitions < 1 or not 0 < self.step < 2:
             raise ValueError(f"bad echo filter shape: block={self.block} partitions={self.partitions} step={self.step}")
-        if self.coarse_votes < 0 or self.coarse_tol_s < 0 or self.coarse_coupling_floor < 0:
+        if self.coarse_votes < 0 or self.coarse_tol_s < 0 or self.coarse_coupling_floor < 0 or self.min_coupling < 0:
             raise ValueError(f"bad coarse delay settings: {self.coarse_votes} votes within {self.coarse_tol_s} s")
         if not 0 < self.floor <= 1 or self.max_delay_s <= 0 or self.tail_s < 0:
             raise ValueError("echo floor must be in (0, 1] and delays positive")
@@ -361,7 +365,8 @@ class EchoCanceller:
         eb = self._to_bands(np.abs(spec) ** 2)
         if center is not None:  # coupling against the aligned frames, applied over the widened range
             self._learn_coupling(eb, self._predicted_far(n, int(self.config.pre_delay_s * SAMPLE_RATE), center))
-        coupling = self._coupling if self.trusted else np.maximum(self._coupling, self.config.coarse_coupling_floor)
+        coupling = np.maximum(self._coupling, self.config.min_coupling if self.trusted
+                              else self.config.coarse_coupling_floor)
         ratio = self.config.over * coupling * s / (eb + 1e-10)
         gain = np.clip(1.0 - ratio, self.config.floor, 1.0)
         gbin = np.ones(spec.size, np.float32)

