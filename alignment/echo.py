@@ -62,7 +62,8 @@ class EchoConfig:
         if self.block < 32 or self.partitions < 1 or not 0 < self.step < 2:
             raise ValueError(f"bad echo filter shape: block={self.block} partitions={self.partitions} step={self.step}")
         if self.coarse_votes < 0 or self.coarse_tol_s < 0 or self.coarse_coupling_floor < 0 or self.min_coupling < 0:
-            raise ValueError(f"bad coarse delay settings: {self.coarse_votes} votes within {self.coarse_tol_s} s")
+            raise ValueError(f"bad coupling or coarse delay settings: {self.coarse_votes} votes within "
+                             f"{self.coarse_tol_s} s, floors {self.coarse_coupling_floor} / {self.min_coupling}")
         if not 0 < self.floor <= 1 or self.max_delay_s <= 0 or self.tail_s < 0:
             raise ValueError("echo floor must be in (0, 1] and delays positive")
 

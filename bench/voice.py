@@ -27,7 +27,7 @@ Bounded: at most ``--turns`` + ``--barge-ins`` + ``--llm-turns`` utterances, eac
 and ``--max-minutes`` for the whole run. Loopback only.
 
     PYTHONPATH=$PWD flock /tmp/heavy.lock .venv/bin/python bench/voice.py [--turns 20] [--barge-ins 50]
-        [--llm-turns 10] [--no-echo] [--seed 0] [--server-arg=--flag]
+        [--llm-turns 10] [--no-echo] [--seed 0] [--server-arg=--flag] [--trace DIR [--trace-listen]]
 """
 
 from __future__ import annotations

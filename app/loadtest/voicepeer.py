@@ -417,7 +417,6 @@ def echo_tokens(events: list[Any], said: list[Utterance], margin_s: float = 0.5)
     return n
 
 
-
 def heard_words(events: list[Any], said: list[Utterance], margin_s: float = 0.5) -> tuple[int, int]:
     """(words the server finalised, words said) over the utterances said over an answer (``barge_in``):
     how much of a user's speech over the answer survives the echo removal."""
