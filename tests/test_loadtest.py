@@ -77,6 +77,10 @@ def test_match_tokens_recovers_latency_lag_and_misses(loop_clip):
     assert words2[2].matched_by == "time" and words2[2].latency_s == pytest.approx(0.5)
     s2 = lm.summarise_latencies(words2)
     assert s2.recall > summary.recall and s2.recall_text == summary.recall_text
+    # The same token arriving before that word began cannot stand for it (a long guessed interval).
+    early = [(skipped.start - 0.05, misheard[0][1])]
+    words3, _, unmatched3 = lm.match_tokens(truth, tokens + early, 3 * truth.period_s)
+    assert unmatched3 == 1 and words3[2].latency_s is None
 
 
 def test_client_turn_latency_itl_and_jitter():

@@ -197,7 +197,7 @@ def match_tokens(
         s0, s1 = float(m["start"]) + (lag or 0.0), float(m.get("end", m["start"])) + (lag or 0.0)
         best, best_overlap = None, 0.0
         for i, w in enumerate(occ):
-            if i in text_matched:
+            if i in text_matched or t < w.start:  # nothing stands for a word before it began
                 continue
             overlap = min(s1, w.end) - max(s0, w.start)
             if overlap > best_overlap and overlap >= 0.5 * min(s1 - s0, w.end - w.start):
