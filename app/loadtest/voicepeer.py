@@ -403,18 +403,19 @@ def answer_audio(listener: AnswerListener, lo_wall: float, hi_wall: float) -> np
     return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
+def final_words(events: list[Any]) -> list[tuple[float, str]]:
+    """The user ``token`` finals among ``events``: (start, the word's :func:`agreement_key`)."""
+    from alignment.text import agreement_key
+
+    return [(float(m["start"]), agreement_key(str(m.get("text", "")))) for e in events
+            if (m := e.message).get("type") == "token" and m.get("final")
+            and isinstance(m.get("start"), (int, float))]
+
+
 def echo_tokens(events: list[Any], said: list[Utterance], margin_s: float = 0.5) -> int:
     """User ``token`` events (finals) whose start lies in none of the peer's utterances (± margin):
     words the server heard that the peer never said — its answer's echo, or noise."""
-    n = 0
-    for e in events:
-        m = e.message
-        if m.get("type") != "token" or not m.get("final") or not isinstance(m.get("start"), (int, float)):
-            continue
-        t = float(m["start"])
-        if not any(u.onset - margin_s <= t <= u.end + margin_s for u in said):
-            n += 1
-    return n
+    return sum(not any(u.onset - margin_s <= t <= u.end + margin_s for u in said) for t, _ in final_words(events))
 
 
 def heard_words(events: list[Any], said: list[Utterance], margin_s: float = 0.5) -> tuple[int, int]:
@@ -422,9 +423,7 @@ def heard_words(events: list[Any], said: list[Utterance], margin_s: float = 0.5)
     how much of a user's speech over the answer survives the echo removal."""
     from alignment.text import agreement_key
 
-    finals = [(float(m["start"]), agreement_key(str(m.get("text", "")))) for e in events
-              if (m := e.message).get("type") == "token" and m.get("final")
-              and isinstance(m.get("start"), (int, float))]
+    finals = final_words(events)
     heard = total = 0
     for u in said:
         if not u.barge_in:
