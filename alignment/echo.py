@@ -11,6 +11,10 @@ The answer comes back delayed (network, playout, room), filtered, reverberant. P
    learned coupling (at least ``min_coupling``); bands it explains go to a floor, louder ones (the user)
    pass. It spans ``spread_s`` around the trusted lock (its filter cancels), else a coarse delay (rough
    estimates agree; optional), else any delay.
+4. Before a delay is trusted the coupling is unknown, so it is capped by what the mic shows: over each
+   ``cap_window_s`` the mic's band energy divided by the played band energy at the least favourable delay
+   bounds any echo's coupling from above. Where nothing echoes (headphones, the browser's own canceller)
+   that bound falls to the noise floor and the user passes whole under a loud answer.
 When nothing was played recently ``process`` returns the chunk itself.
 """
 
@@ -57,6 +61,15 @@ class EchoConfig:
     #: it was learned at (a filter re-converging after the echo path moved, or after double talk), and live
     #: that residual was heard as the user (bench/barge_in.py --trace; BENCHMARKS.md, spoken answers)
     min_coupling: float = 0.2
+    cap_window_s: float = 0.25  # mic and played energy summed over this long bound the untrusted coupling
+    #: the bound may rise this much a window (the user talking raises the mic energy; real echo that begins
+    #: later, e.g. headphones unplugged, is caught faster by the delay lock)
+    cap_rise: float = 1.5
+    cap_min: float = 1e-5  # the bound never falls below this (so it can rise again)
+    answer_gap_s: float = 0.1  # played audio resuming after a gap this long is a new answer
+    #: a window whose mic is quieter than this (mean power, dBFS) bounds nothing: digital silence is a muted or
+    #: gated sender, not a path without echo (a live mic always carries some noise)
+    cap_mic_db: float = -90.0
 
     def __post_init__(self) -> None:
         if self.block < 32 or self.partitions < 1 or not 0 < self.step < 2:
@@ -64,6 +77,8 @@ class EchoConfig:
         if self.coarse_votes < 0 or self.coarse_tol_s < 0 or self.coarse_coupling_floor < 0 or self.min_coupling < 0:
             raise ValueError(f"bad coupling or coarse delay settings: {self.coarse_votes} votes within "
                              f"{self.coarse_tol_s} s, floors {self.coarse_coupling_floor} / {self.min_coupling}")
+        if self.cap_window_s <= 0 or self.cap_rise < 1 or self.cap_min <= 0:
+            raise ValueError(f"bad coupling cap: window {self.cap_window_s} s, rise {self.cap_rise}")
         if not 0 < self.floor <= 1 or self.max_delay_s <= 0 or self.tail_s < 0:
             raise ValueError("echo floor must be in (0, 1] and delays positive")
 
@@ -157,9 +172,17 @@ class EchoCanceller:
         self._trusted = False
         self._pxx = np.full(bins, 1e-6, np.float32)
         self._err = np.zeros(self.B, np.float32)  # previous block's output (suppression frame)
+        self._raw = np.zeros(self.B, np.float32)  # previous block of the mic as it came (coupling cap frame)
         self._coupling = np.full(self.bands, cfg.coupling0, np.float32)
         self._smooth_e = np.zeros(self.bands, np.float32)
         self._smooth_s = np.zeros(self.bands, np.float32)
+        self._cap = np.full(self.bands, np.inf, np.float32)  # upper bound of the untrusted coupling
+        self._cap_e = np.zeros(self.bands, np.float64)  # mic band energy over the current cap window
+        self._cap_power = 0.0  # the mic's sum of squares over it
+        #: an answer just began and no window of it has bounded the coupling yet: the prior holds (echo that
+        #: begins with this answer, e.g. after headphones were unplugged, must not pass under an old bound)
+        self._cap_fresh = True
+        self._cap_frames: list[int] = []  # its blocks' frame indices
         self._delay_est = DelayEstimator(cfg.max_delay_s, cfg.delay_window_s)
         self.delay: int | None = None  # bulk delay in samples, once locked
         self.coarse: int | None = None  # the delay several rough estimates agree on (a jittery path never locks)
@@ -182,6 +205,8 @@ class EchoCanceller:
         self._far.write(at, x)
         prev_end = self._played_until
         self._played_until = max(self._played_until, at + x.size)
+        if prev_end < 0 or at - prev_end > self.config.answer_gap_s * SAMPLE_RATE:
+            self._new_answer()
         # band power of every block-grid frame touched by this write
         f0 = max(at, max(prev_end, at) - self.B) // self.B if prev_end > 0 else at // self.B
         f1 = (at + x.size) // self.B
@@ -291,8 +316,9 @@ class EchoCanceller:
         e = d
         if self.delay is not None:
             e = self._linear(n, d)
-        out = self._suppress(n, e)
+        out = self._suppress(n, d, e)
         self._err = np.concatenate([self._err, e])[-self.B :]
+        self._raw = np.concatenate([self._raw, d])[-self.B :]
         return out
 
     def _linear(self, n: int, d: np.ndarray) -> np.ndarray:
@@ -353,21 +379,32 @@ class EchoCanceller:
         w[:n_tail] = self._decay ** np.arange(n_tail, 0, -1)
         return np.max(rows * w[:, None], axis=0)
 
-    def _suppress(self, n: int, e: np.ndarray) -> np.ndarray:
+    def _frame_bands(self, prev: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The suppression frame (the previous block and ``x``, N samples): its spectrum and band power."""
+        frame = np.concatenate([prev, x])[-self.N :]
+        if frame.size < self.N:
+            frame = np.concatenate([np.zeros(self.N - frame.size, np.float32), frame])
+        spec = np.fft.rfft(frame)
+        return spec, self._to_bands(np.abs(spec) ** 2)
+
+    def _suppress(self, n: int, d: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """``e`` (the linear filter's output for mic block ``d``) with the bands the echo explains floored."""
         L, N = e.size, self.N
         center = self._center()
         s = self._predicted_far(n, int(self.config.spread_s * SAMPLE_RATE), center)
         if float(s.max()) <= 1e-10:
             return e.astype(np.float32)
-        frame = np.concatenate([self._err, e])[-N:]
-        if frame.size < N:
-            frame = np.concatenate([np.zeros(N - frame.size, np.float32), frame])
-        spec = np.fft.rfft(frame)
-        eb = self._to_bands(np.abs(spec) ** 2)
+        spec, eb = self._frame_bands(self._err, e)
         if center is not None:  # coupling against the aligned frames, applied over the widened range
             self._learn_coupling(eb, self._predicted_far(n, int(self.config.pre_delay_s * SAMPLE_RATE), center))
-        coupling = np.maximum(self._coupling, self.config.min_coupling if self.trusted
-                              else self.config.coarse_coupling_floor)
+        # bounded on the mic as it came: a filter that cancels now may be reset when the path moves
+        self._bound_coupling(n, d, eb if e is d else self._frame_bands(self._raw, d)[1])
+        if self.trusted:
+            coupling = np.maximum(self._coupling, self.config.min_coupling)
+        else:
+            coupling = np.maximum(self._coupling, self.config.coarse_coupling_floor)
+            if self.delay is None and not self._cap_fresh:  # no echo found yet: what the mic showed bounds it
+                coupling = np.minimum(coupling, self._cap)
         ratio = self.config.over * coupling * s / (eb + 1e-10)
         gain = np.clip(1.0 - ratio, self.config.floor, 1.0)
         gbin = np.ones(spec.size, np.float32)
@@ -386,3 +423,40 @@ class EchoCanceller:
         up = live & ~down
         c[down] = 0.9 * c[down] + 0.1 * r[down]
         c[up] = np.minimum(c[up] * 1.01, r[up])
+
+    def _new_answer(self) -> None:
+        self._cap_fresh = True
+        self._cap_e[:] = 0
+        self._cap_power = 0.0
+        self._cap_frames = []
+
+    def _bound_coupling(self, n: int, d: np.ndarray, mic_bands: np.ndarray) -> None:
+        """Per ``cap_window_s``: the mic's band energy over the played band energy at the delay (0 to
+        ``max_delay_s``) that played least. Echo at the true delay alone makes the mic's energy at least
+        coupling x that, so the ratio bounds the coupling from above whatever the delay; the user talking
+        only raises it. Within an answer the bound falls at once and rises by ``cap_rise`` a window; an answer's
+        first window sets it either way."""
+        self._cap_e += mic_bands
+        self._cap_power += float(np.dot(d, d))
+        self._cap_frames.append((n - 1) // self.B)
+        if len(self._cap_frames) * self.B < self.config.cap_window_s * SAMPLE_RATE:
+            return
+        frames = np.array(self._cap_frames)
+        self._cap_frames = []
+        e, self._cap_e = self._cap_e, np.zeros(self.bands, np.float64)
+        power, self._cap_power = self._cap_power / (frames.size * self.B), 0.0
+        if power < 10 ** (self.config.cap_mic_db / 10):
+            return
+        lags = int(self.config.max_delay_s * SAMPLE_RATE) // self.B + 1
+        f0 = int(frames.min())
+        rows = self._fpow.read(f0 - lags, int(frames.max()) + 1)  # row i is frame f0 - lags + i
+        played = np.stack([rows[frames - f0 + lags - lag].sum(axis=0) for lag in range(lags + 1)])
+        least = played.min(axis=0)
+        seen = least > 1e-4 * frames.size  # the answer played in that band at every delay
+        ratio = (e / np.maximum(least, 1e-12)).astype(np.float32)
+        bound = np.maximum(ratio[seen], self.config.cap_min)
+        if self._cap_fresh:  # an answer's first window: whatever the bound was, it is this now
+            self._cap[seen] = bound
+            self._cap_fresh = not seen.any()
+        else:
+            self._cap[seen] = np.minimum(bound, self._cap[seen] * self.config.cap_rise)

@@ -36,8 +36,10 @@ CHUNK = 320
 LEAK_DBFS = -55.0
 
 
-def run_scene(scene: es.Scene, det: BargeInDetector) -> tuple[np.ndarray, float | None, float | None, list[float]]:
-    """Feed the scene; (cleaned mic, onset pts of the BargeIn, time it was emitted, cpu s per chunk)."""
+def run_scene(scene: es.Scene, det: BargeInDetector,
+              t0: float = 0.0) -> tuple[np.ndarray, float | None, float | None, list[float]]:
+    """Feed the scene from session time ``t0``; (cleaned mic, onset pts of the BargeIn, time it was emitted, cpu s
+    per chunk), times on the scene's own clock."""
     a0 = int(scene.answer_pts * SR)
     out, cpu = [], []
     onset = emitted = None
@@ -47,15 +49,15 @@ def run_scene(scene: es.Scene, det: BargeInDetector) -> tuple[np.ndarray, float 
         playing = a0 <= i < end and emitted is None
         t = time.perf_counter()
         if sends is None and playing:
-            det.played(i / SR, scene.played[i - a0 : i - a0 + CHUNK])
+            det.played(t0 + i / SR, scene.played[i - a0 : i - a0 + CHUNK])
         while sends is not None and emitted is None and j < len(sends) and sends[j][0] < (i + CHUNK) / SR:
-            det.played(sends[j][1], sends[j][2])  # what went out before this mic chunk could hold its echo
+            det.played(t0 + sends[j][1], sends[j][2])  # what went out before this mic chunk could hold its echo
             j += 1
-        clean, hit = det.feed(AudioChunk(i / SR, scene.mic[i : i + CHUNK]), playing)
+        clean, hit = det.feed(AudioChunk(t0 + i / SR, scene.mic[i : i + CHUNK]), playing)
         cpu.append(time.perf_counter() - t)
         out.append(clean.samples)
         if hit is not None and emitted is None:
-            onset, emitted = hit.pts, (i + CHUNK) / SR
+            onset, emitted = hit.pts - t0, (i + CHUNK) / SR
     return np.concatenate(out), onset, emitted, cpu
 
 
@@ -104,6 +106,55 @@ def peer_scenes(args: argparse.Namespace, answers: tuple[str, ...], users: tuple
     print(f"detection delay: p50 {np.nanpercentile(d, 50):.0f} ms  p90 {np.nanpercentile(d, 90):.0f} ms  max "
           f"{np.nanmax(d):.0f} ms  (detected within 1 s {len(delays)}/{args.n}); false interruptions by the echo "
           f"{false_echo}/{args.n}")
+
+
+def no_echo_scenes(args: argparse.Namespace, answers: tuple[str, ...], users: tuple[tuple[str, str], ...],
+                   make: Callable[[], BargeInDetector]) -> None:
+    """Sessions where nothing echoes back (headphones, the browser's echo cancellation, a load-test peer without
+    an echo path): the answer plays, the user barges in 0.5-1.5 s into it (as the voice bench does) at -12..-4 dB
+    from its peak. What the canceller takes
+    from the user (every 20 ms chunk of the user louder than -50 dBFS, cleaned against raw) is what the ASR loses."""
+    delays, lost, missed = [], [], 0
+    loud = 10 ** (-50 / 10)
+    for k in range(args.n):
+        rng = np.random.default_rng(args.seed + k)
+        scene = es.make_scene(rng, answers[k % len(answers)], user=users[k % len(users)], echoes=False,
+                              at_s=float(rng.uniform(0.5, 1.5)))
+        clean, _, emitted, _ = run_scene(scene, make())
+        assert scene.onset is not None
+        if emitted is None or emitted > scene.onset + 1.0:
+            missed += 1
+        else:
+            delays.append(emitted - scene.onset)
+        a0, a1 = int(scene.answer_pts * SR), int((scene.answer_pts + scene.played.size / SR) * SR)
+        for i in range(a0, min(a1, clean.size) - CHUNK + 1, CHUNK):
+            raw = float(np.mean(scene.mic[i : i + CHUNK] ** 2))
+            if raw > loud:
+                lost.append(10 * np.log10(raw / (float(np.mean(clean[i : i + CHUNK] ** 2)) + 1e-12)))
+    # a cough, a click, a slam or a noise burst with nothing echoing: the VAD alone must refuse it
+    noise_false = 0
+    for k in range(args.n):
+        rng = np.random.default_rng(args.seed + 300 + k)
+        scene = es.make_scene(rng, answers[k % len(answers)], noise=("cough", "click", "door", "noise")[k % 4],
+                              echoes=False)
+        noise_false += run_scene(scene, make())[2] is not None
+    # then the echo begins (headphones unplugged): the bound learned without echo must not let it interrupt
+    late_false = 0
+    for k in range(args.n):
+        rng = np.random.default_rng(args.seed + 500 + k)
+        quiet = es.make_scene(rng, answers[k % len(answers)], echoes=False)
+        det = make()
+        run_scene(quiet, det)
+        _, _, emitted, _ = run_scene(es.make_scene(rng, answers[(k + 1) % len(answers)]), det, quiet.mic.size / SR)
+        late_false += emitted is not None
+    d, g = np.array(delays or [np.nan]) * 1e3, np.array(lost)
+    print(f"no echo, {'tuning' if args.tune else 'held-out'}: {args.n} barge-ins while the answer plays")
+    print(f"detection delay: p50 {np.nanpercentile(d, 50):.0f} ms  p99 {np.nanpercentile(d, 99):.0f} ms  (detected "
+          f"within 1 s {len(delays)}/{args.n}); user energy the canceller removed over {g.size} loud chunks while "
+          f"answering: p50 {np.median(g):.1f} dB  p90 {np.percentile(g, 90):.1f} dB; chunks losing > 6 dB "
+          f"{np.mean(g > 6):.1%}")
+    print(f"false interruptions: noise events {noise_false}/{args.n}; an echo-only answer after one with no echo "
+          f"{late_false}/{args.n}")
 
 
 def trace_offset(mic: np.ndarray, mic_t0: float, voice: np.ndarray) -> float:
@@ -199,6 +250,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1000, help="room seed base (tuning used 0-9)")
     ap.add_argument("--tune", action="store_true", help="use the tuning set instead of the held-out one")
     ap.add_argument("--peer", action="store_true", help="the load-test peer's echo path instead of rooms")
+    ap.add_argument("--no-echo", action="store_true", help="sessions where no echo comes back: what the user keeps")
     ap.add_argument("--coarse", action="store_true", help="the detector with the coarse delay (A/B; off by default)")
     ap.add_argument("--trace", default=None, help="replay a live session recorded by bench/voice.py --trace FOLDER")
     args = ap.parse_args()
@@ -210,6 +262,9 @@ def main() -> None:
     answers, users = (es.TUNE_ANSWERS, es.TUNE_USERS) if args.tune else (es.HELD_ANSWERS, es.HELD_USERS)
     if args.peer:
         peer_scenes(args, answers, users, make)
+        return
+    if args.no_echo:
+        no_echo_scenes(args, answers, users, make)
         return
     delays, onset_err, erle, cpu_active, cpu_idle, cpu_aec = [], [], [], [], [], []
     false_echo = false_noise = early = missed = 0

@@ -136,8 +136,10 @@ class Scene:
 
 def make_scene(rng: np.random.Generator, answer: str, user: tuple[str, str] | None = None,
                noise: str | None = None, at_s: float | None = None, answer_pts: float = 0.5,
-               user_db: float | None = None) -> Scene:
-    """The mic of a session hearing ``answer``'s echo and, from ``at_s`` into the answer, a user or a noise."""
+               user_db: float | None = None, echoes: bool = True) -> Scene:
+    """The mic of a session hearing ``answer``'s echo and, from ``at_s`` into the answer, a user or a noise.
+    ``echoes=False``: no echo comes back (headphones, the browser's own echo cancellation); the answer still
+    plays, at the same level."""
     ans, _ = voice("slt_hts", answer)
     ans = ans / (np.max(np.abs(ans)) + 1e-12) * 0.5
     room = make_room(rng)
@@ -146,7 +148,7 @@ def make_scene(rng: np.random.Generator, answer: str, user: tuple[str, str] | No
     a0 = int(answer_pts * SR)
     echo = np.zeros_like(mic)
     echo[a0 : a0 + ans.size] = ans
-    echo = room.apply(echo)
+    echo = room.apply(echo) if echoes else np.zeros_like(mic)
     mic += echo
     mic += rng.standard_normal(mic.size).astype(np.float32) * 10 ** (-65 / 20)
     onset = None

@@ -92,6 +92,42 @@ def _check_no_barge_in(seed: int, kind: str) -> None:
     assert emitted is None, f"a {kind} was taken for a barge-in"
 
 
+@pytest.mark.parametrize("seed", [5, 9])
+def test_with_no_echo_the_user_is_heard_whole_under_a_loud_answer(seed, whisper_model):
+    """Headphones, or the browser's own echo cancellation: nothing comes back, and the user talking over the
+    answer must reach the ASR and the barge-in detector as said (the worst-case echo assumed before a delay is
+    found once floored most of the user's bands)."""
+    from models.asr.offline import transcribe_words
+
+    user = es.TUNE_USERS[seed % 2]
+    scene = es.make_scene(np.random.default_rng(seed), es.TUNE_ANSWERS[seed % 3], user=user, echoes=False)
+    clean, _, emitted, _ = run_scene(scene, BargeInDetector())
+    assert scene.onset is not None and emitted is not None and emitted - scene.onset <= 0.3
+    a, b = int((scene.onset - 0.1) * SAMPLE_RATE), clean.size
+    kept = 10 * np.log10(np.sum(clean[a:b] ** 2) / np.sum(scene.mic[a:b] ** 2))
+    assert kept > -1.0, f"the canceller took {-kept:.1f} dB of the user's speech with no echo to remove"
+    def heard(x: np.ndarray) -> list[str]:
+        return [w.text.strip(" .,!?").lower() for w in transcribe_words(x, model=whisper_model)]
+
+    said, kept_words = heard(scene.mic[a:b]), iter(heard(clean[a:b]))
+    assert len(said) >= len(user[1].split()), "Whisper should hear the user in the raw mic (else this proves nothing)"
+    assert all(w in kept_words for w in said), "a word the raw mic holds was lost in the cleaned one"
+
+
+def test_echo_that_begins_after_an_answer_without_any_is_not_a_barge_in():
+    """What the mic showed over an answer with no echo bounds the coupling; echo that starts with the next answer
+    (headphones unplugged) must still be removed, not pass under that bound."""
+    for seed in (1, 2, 3):
+        rng = np.random.default_rng(seed)
+        quiet = es.make_scene(rng, es.TUNE_ANSWERS[seed % 3], echoes=False)
+        det = BargeInDetector()
+        run_scene(quiet, det)
+        assert float(np.median(det.canceller._cap)) < 0.01, "no echo came back: the bound should have fallen"
+        _, _, emitted, _ = run_scene(es.make_scene(rng, es.TUNE_ANSWERS[(seed + 1) % 3]), det,
+                                     quiet.mic.size / SAMPLE_RATE)
+        assert emitted is None, f"echo beginning with the second answer (seed {seed}) was taken for a barge-in"
+
+
 def test_the_canceller_finds_the_echo_delay(echo_scenes):
     for scene in echo_scenes:
         det = BargeInDetector()
