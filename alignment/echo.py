@@ -50,6 +50,7 @@ class EchoConfig:
     min_delay_s: float = 0.01  # a lag below this is a false peak (no real path is that short)
     spread_s: float = 0.1  # the delay may move this much either way (sender stalls, jitter buffer)
     trust_erle_db: float = 1.0  # the locked delay narrows the suppressor only once the filter cancels this much
+    distrust_db: float = 3.0  # ... and stops narrowing it while the filter's output is this much louder than the mic
     #: this many consecutive estimates within coarse_tol_s make a coarse delay; 0 (off): in a clean live run of
     #: bench/voice.py it let the echo interrupt 7 % of answers (BENCHMARKS.md, spoken answers)
     coarse_votes: int = 0
@@ -167,7 +168,7 @@ class EchoCanceller:
         self._band_of = np.repeat(np.arange(self.bands), np.diff(self._edges))
         self._hf = np.zeros((self.P, bins), np.complex64)  # foreground filter (used)
         self._hb = np.zeros((self.P, bins), np.complex64)  # background filter (always adapts)
-        self._ef = self._eb = 0.0  # smoothed error energies of the two filters
+        self._ef = self._eb = self._df = 0.0  # smoothed error energies of the two filters, and the mic's
         self._erle_d = self._erle_e = 0.0  # smoothed mic / foreground-output energy while echo plays
         self._trusted = False
         self._pxx = np.full(bins, 1e-6, np.float32)
@@ -239,6 +240,10 @@ class EchoCanceller:
         if not self._trusted:  # latched until the delay moves: the user talking over it lowers the ERLE
             ratio = 10 ** (self.config.trust_erle_db / 10)
             self._trusted = self._erle_d > ratio * self._erle_e and self._erle_d > 1e-6
+        elif self._ef > 10 ** (self.config.distrust_db / 10) * self._df:
+            # ... but not when the filter's output is louder than the mic: the user talking over the echo never
+            # does that, a filter gone wrong (the path moved under it) does
+            self._trusted = False
         return self._trusted
 
     # ---- the mic side ----------------------------------------------------------------------------
@@ -306,7 +311,7 @@ class EchoCanceller:
         if self.delay is not None:  # the echo path moved: the filters restart around the new delay
             self._hf[:] = 0
             self._hb[:] = 0
-            self._ef = self._eb = 0.0
+            self._ef = self._eb = self._df = 0.0
             self._erle_d = self._erle_e = 0.0
             self._trusted = False
         self.delay = lag
@@ -350,6 +355,7 @@ class EchoCanceller:
         a = 0.7
         self._ef = a * self._ef + (1 - a) * efe
         self._eb = a * self._eb + (1 - a) * ebe
+        self._df = a * self._df + (1 - a) * de
         if self._eb < 0.8 * self._ef:
             self._hf[:] = self._hb
             self._ef = self._eb

@@ -131,6 +131,32 @@ def test_echo_that_begins_after_an_answer_without_any_is_not_a_barge_in():
         assert emitted is None, f"echo beginning with the second answer (seed {seed}) was taken for a barge-in"
 
 
+@pytest.mark.parametrize("seed", [2, 7])
+def test_a_filter_gone_wrong_is_not_trusted(seed):
+    """Live, a filter that had cancelled can end up adding echo (both filters adapted while the path moved
+    under them); its louder output passed the narrowed suppressor as the user (bench/barge_in.py --trace).
+    Here both filters are turned into that mid-answer: the canceller must stop trusting the lock at once
+    (the user talking over the echo never makes the output louder than the mic) and nothing may fire."""
+    scene = es.make_scene(np.random.default_rng(seed), es.TUNE_ANSWERS[seed % 3])
+    det = BargeInDetector()
+    c, a0 = det.canceller, int(scene.answer_pts * SAMPLE_RATE)
+    mid, broken_at = a0 + scene.played.size // 2, None
+    for i in range(0, scene.mic.size - 320 + 1, 320):
+        playing = a0 <= i < a0 + scene.played.size
+        if playing:
+            det.played(i / SAMPLE_RATE, scene.played[i - a0 : i - a0 + 320])
+        if broken_at is None and i >= mid and c.trusted:
+            c._hf *= -2  # the prediction now adds the echo back, twice over
+            c._hb *= -2
+            broken_at = i
+        _, hit = det.feed(AudioChunk(i / SAMPLE_RATE, scene.mic[i : i + 320]), playing)
+        assert hit is None, f"the broken filter's output was taken for a barge-in at {i / SAMPLE_RATE:.2f} s"
+        if broken_at is not None and i - broken_at >= 0.1 * SAMPLE_RATE:
+            assert not c.trusted, "a filter louder than the mic is still trusted 100 ms on"
+            broken_at = scene.mic.size  # checked once
+    assert broken_at == scene.mic.size, "the lock was never trusted before the break (else this proves nothing)"
+
+
 def test_the_canceller_finds_the_echo_delay(echo_scenes):
     for scene in echo_scenes:
         det = BargeInDetector()
