@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alignment.text import agreement_key  # noqa: E402
 from alignment.timing import refine_word_times  # noqa: E402
-from alignment.types import SAMPLE_RATE  # noqa: E402
+from alignment.types import SAMPLE_RATE, WordToken  # noqa: E402
 from bench.human_data import load  # noqa: E402
 from bench.isolated_words import wilson  # noqa: E402
 from models.asr import transcribe_words  # noqa: E402
@@ -73,20 +73,41 @@ def clips(part: str) -> list[Clip]:
     return out
 
 
-def errors(clip: Clip) -> list[tuple[float | None, str]]:
-    """(signed onset error ms, or None where unmatched; confidence) per hand-read word of ``clip``."""
+@dataclass(frozen=True)
+class Placed:
+    """A clip run through the offline path: its padded audio, the words placed on it, and for each hand-read
+    word (by index) the index of the placed word matched to it by text; ``lead``: the padding before the clip."""
+
+    audio: np.ndarray
+    lead: float
+    words: list[WordToken]
+    match: dict[int, int]
+
+
+def place(clip: Clip) -> Placed | None:
+    """``clip`` (padded: 0.5 s of silence after it, and before an isolated one) through transcription and
+    refinement; None when its audio cannot be had."""
     audio = load(clip.source, clip.raw_rate)
     if audio is None:
-        return []
+        return None
     lead = PAD_S if clip.pad else 0.0
     pad = np.zeros(int(PAD_S * SAMPLE_RATE), np.float32)
     audio = np.concatenate([pad, audio, pad]) if clip.pad else np.concatenate([audio, pad])
     words = refine_word_times(audio, 0.0, transcribe_words(audio, refine=False))
     a = [agreement_key(w.text) for w in words]
     b = [agreement_key(t) for t, _, _ in clip.words]
-    got = {blk.b + i: 1000 * (words[blk.a + i].start - clip.words[blk.b + i][1] - lead)
-           for blk in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks() for i in range(blk.size)}
-    return [(got.get(k), clip.words[k][2]) for k in range(len(b))]
+    blocks = difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks()
+    match = {blk.b + i: blk.a + i for blk in blocks for i in range(blk.size)}
+    return Placed(audio, lead, words, match)
+
+
+def errors(clip: Clip) -> list[tuple[float | None, str]]:
+    """(signed onset error ms, or None where unmatched; confidence) per hand-read word of ``clip``."""
+    placed = place(clip)
+    if placed is None:
+        return []
+    return [(1000 * (placed.words[placed.match[k]].start - w[1] - placed.lead) if k in placed.match else None, w[2])
+            for k, w in enumerate(clip.words)]
 
 
 def line(label: str, rows: list[tuple[float | None, str]]) -> str:
