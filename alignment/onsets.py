@@ -27,9 +27,7 @@ SEARCH_S = 0.25
 #: Audio before the search window used for the noise floor.
 CONTEXT_S = 1.0
 MIN_SILENCE_S = 0.12
-#: a recorded room's noise wanders a few dB: at 3 dB its silences broke up and a quarter fewer words after a
-#: pause had evidence (bench/level3_human.py, tuning speakers)
-QUIET_DB = 6.0
+QUIET_DB = 3.0
 RISE_DB = 15.0
 #: The level must reach RISE_DB within this long of leaving the floor (speech, not a creak).
 RAMP_S = 0.05
@@ -65,9 +63,7 @@ def onset_after_silence(samples: np.ndarray, t0: float, near: float, previous: f
     levels = _levels_db(samples[lo:hi])
     if levels.size == 0:
         return None
-    # digital silence (a gated or padded stream) is not the room: the floor is that of the frames with sound
-    sounding = levels[levels > FLOOR_DBFS + 1.0]
-    floor = float(np.percentile(sounding if sounding.size * 4 >= levels.size else levels, 10))
+    floor = float(np.percentile(levels, 10))
     quiet = levels <= floor + QUIET_DB
     loud = levels >= floor + RISE_DB
     need = int(round(MIN_SILENCE_S / HOP_S))

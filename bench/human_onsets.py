@@ -84,14 +84,19 @@ class Placed:
     match: dict[int, int]
 
 
-def place(clip: Clip) -> Placed | None:
+def place(clip: Clip, room: bool = False) -> Placed | None:
     """``clip`` (padded: 0.5 s of silence after it, and before an isolated one) through transcription and
-    refinement; None when its audio cannot be had."""
+    refinement; None when its audio cannot be had. ``room``: the padding is the recording's own noise (its
+    quietest 20 ms, looped), as a live mic carries on between words, instead of digital silence."""
     audio = load(clip.source, clip.raw_rate)
     if audio is None:
         return None
     lead = PAD_S if clip.pad else 0.0
     pad = np.zeros(int(PAD_S * SAMPLE_RATE), np.float32)
+    if room:
+        frames = audio[: audio.size // 320 * 320].reshape(-1, 320)
+        quietest = frames[int(np.argmin(np.mean(frames * frames, axis=1)))]
+        pad = np.resize(quietest, pad.size).astype(np.float32)
     audio = np.concatenate([pad, audio, pad]) if clip.pad else np.concatenate([audio, pad])
     words = refine_word_times(audio, 0.0, transcribe_words(audio, refine=False))
     a = [agreement_key(w.text) for w in words]

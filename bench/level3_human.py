@@ -6,6 +6,9 @@ sit within ``onset_window_ms`` of; elsewhere the word has no evidence and passes
 that check, exactly as the live path does (the previous word's placed start keeps that word's rise
 out), on the hand-read sets (bench/human_onsets.py loads them) with three kinds of placement:
 
+Clips are padded with their own noise (a live mic never goes digitally silent between words; a step from
+digital silence to a recording's hiss reads as a rise).
+
 * natural: the product's offline placements (transcription, then refinement), matched to the
   hand-read words by text; "correctly timed" within +-40 ms of the hand-read onset, "misplaced"
   more than 80 ms from it (issue 36);
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"$ python bench/level3_human.py --part {args.part}; load average {os.getloadavg()[0]:.1f} (2 cores)")
     tallies: dict[str, Counter[str]] = {}
     for clip in clips(args.part):
-        placed = place(clip)
+        placed = place(clip, room=True)
         if placed is None:
             continue
         kind = "isolated" if clip.pad else "connected"
