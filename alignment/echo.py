@@ -14,7 +14,9 @@ The answer comes back delayed (network, playout, room), filtered, reverberant. P
 4. Before a delay is trusted the coupling is unknown, so it is capped by what the mic shows: over each
    ``cap_window_s`` the mic's band energy divided by the played band energy at the least favourable delay
    bounds any echo's coupling from above. Where nothing echoes (headphones, the browser's own canceller)
-   that bound falls to the noise floor and the user passes whole under a loud answer.
+   that bound falls to the noise floor and the user passes whole under a loud answer. Each answer's first
+   window still uses the prior, then sets the bound: echo that begins with it must not pass under an old one.
+   A lock is trusted only while its filter's output is no louder than the mic (``distrust_db``).
 When nothing was played recently ``process`` returns the chunk itself.
 """
 
@@ -63,8 +65,8 @@ class EchoConfig:
     #: that residual was heard as the user (bench/barge_in.py --trace; BENCHMARKS.md, spoken answers)
     min_coupling: float = 0.2
     cap_window_s: float = 0.25  # mic and played energy summed over this long bound the untrusted coupling
-    #: the bound may rise this much a window (the user talking raises the mic energy; real echo that begins
-    #: later, e.g. headphones unplugged, is caught faster by the delay lock)
+    #: within an answer the bound may rise this much a window (the user talking raises the mic energy; echo that
+    #: begins with a new answer is bounded by that answer's first window)
     cap_rise: float = 1.5
     cap_min: float = 1e-5  # the bound never falls below this (so it can rise again)
     answer_gap_s: float = 0.1  # played audio resuming after a gap this long is a new answer
@@ -431,6 +433,7 @@ class EchoCanceller:
         c[up] = np.minimum(c[up] * 1.01, r[up])
 
     def _new_answer(self) -> None:
+        """Played audio resumed after a gap: the bound is set again from this answer's first window."""
         self._cap_fresh = True
         self._cap_e[:] = 0
         self._cap_power = 0.0
