@@ -39,8 +39,9 @@ FLOOR_PERCENTILE = 10.0
 #: Levels are clipped here: digital silence is not a floor to stand above.
 FLOOR_DBFS = -70.0
 MAX_WORD_S = 2.0
-#: A word starts at least this long after the word before it.
+#: A word starts at least this long after the word before it (three of the aligner's frames: a short "a").
 MIN_STEP_S = 0.03
+_TIME_EPS_S = 1e-6
 #: Whisper's rule: a text that gzip compresses better than this is a repetition loop.
 MAX_COMPRESSION_RATIO = 2.4
 
@@ -106,7 +107,7 @@ def judge(
             reasons.append("unplaced")
         elif w.end - w.start > MAX_WORD_S:
             reasons.append("duration")
-        elif step < MIN_STEP_S:
+        elif step < MIN_STEP_S - _TIME_EPS_S:  # the aligner's 10 ms grid: 6.96 - 6.93 must read as 30 ms
             reasons.append("overlap")
         elif speech_end is not None and w.start >= speech_end - MIN_STEP_S:
             reasons.append("silent")

@@ -39,6 +39,38 @@ def test_words_said_are_supported_and_words_over_silence_are_not(sentence):
     assert judge(sentence.samples, 0.0, long, [True]).reasons == ("duration",)
 
 
+def test_a_short_word_on_the_aligners_grid_is_not_an_overlap(sentence):
+    """The aligner gives "a" its least length, three 10 ms frames; the word after it starts 30 ms on. In
+    floats 1.13 - 1.10 is a hair under 0.03: that once refused the word as starting with the one before."""
+    placed = align_words(sentence.samples, 0.0, _truth_tokens(sentence)).words
+    a, moment = (w for w in placed if w.text in ("a", "moment"))
+    shift = 1.10 - a.start  # the same two words where the float difference falls short
+    words = [WordToken("a", 1.10, 1.13), WordToken("moment", 1.13, moment.end + shift)]
+    assert 1.13 - 1.10 < 0.03
+    assert judge(sentence.samples, shift, words, [True, True]).reasons == ("", "")
+
+
+def test_a_looped_sentence_is_final_word_by_word_every_time():
+    """The load test's peer loops one sentence. When its last word was refused at an endpoint, the next
+    utterance heard that word again at its start (the carried audio runs 0.1 s past the last final), made it
+    final on the next word's audio, and held the rest of the sentence back to its end: late for Level-3."""
+    from app.loadtest.config import DEFAULT_TEXT
+    from app.loadtest.loopclip import make_loop_clip
+
+    clip = make_loop_clip(DEFAULT_TEXT, 0.0, (160, 120), 25.0)
+    audio = np.tile(clip.audio, 3)
+    asr = StreamingASR("whisper", StreamingConfig())
+    finals: list[tuple[float, WordToken]] = []
+    for i in range(0, audio.size - 320 + 1, 320):
+        finals += [((i + 320) / SAMPLE_RATE, ev) for ev in asr.feed(AudioChunk(i / SAMPLE_RATE, audio[i : i + 320]))
+                   if isinstance(ev, WordToken) and ev.final]
+    said = DEFAULT_TEXT.split()
+    for utt in range(3):
+        mine = [(at, w) for at, w in finals if w.utterance == utt]
+        assert [agreement_key(w.text) for _, w in mine] == said, f"loop {utt}"
+        assert all(at - w.end < 1.0 for at, w in mine), f"loop {utt}: a word was held back to the sentence's end"
+
+
 def test_a_loop_needs_its_audio_and_a_long_loop_is_refused_outright(sentence):
     words = list(align_words(sentence.samples, 0.0, _truth_tokens(sentence)).words)
     # "call me" said again, placed over the sentence's last words' quieter ends: a loop's copies
