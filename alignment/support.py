@@ -107,7 +107,7 @@ def judge(
             reasons.append("unplaced")
         elif w.end - w.start > MAX_WORD_S:
             reasons.append("duration")
-        elif step < MIN_STEP_S - _TIME_EPS_S:  # the aligner's 10 ms grid: 6.96 - 6.93 must read as 30 ms
+        elif step < MIN_STEP_S - _TIME_EPS_S:  # two times on the 10 ms grid, 30 ms apart, may differ by a hair less
             reasons.append("overlap")
         elif speech_end is not None and w.start >= speech_end - MIN_STEP_S:
             reasons.append("silent")
