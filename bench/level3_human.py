@@ -104,7 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"  {key:<36} missed {share(c['pass'] + c['none'], n)} (no evidence {c['none']}, evidence "
                   f"passed {c['pass']})")
-    return 0
+    pooled = {label: sum((c for key, c in tallies.items() if "/all/" in key and key.endswith(label)), Counter())
+              for label in ("truth", "correct", "injected", "misplaced")}
+    fa = pooled["truth"] + pooled["correct"]
+    missed = pooled["injected"] + pooled["misplaced"]
+    fa_rate = fa["fail"] / max(sum(fa.values()), 1)
+    miss_rate = (missed["pass"] + missed["none"]) / max(sum(missed.values()), 1)
+    ok = fa_rate <= 0.01 and miss_rate <= 0.10
+    print(f"pooled: false alarms {fa_rate:.1%} (<= 1 %), misses {miss_rate:.1%} (<= 10 %): {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
