@@ -175,7 +175,6 @@ class EchoCanceller:
         self._trusted = False
         self._pxx = np.full(bins, 1e-6, np.float32)
         self._err = np.zeros(self.B, np.float32)  # previous block's output (suppression frame)
-        self._raw = np.zeros(self.B, np.float32)  # previous block of the mic as it came (coupling cap frame)
         self._coupling = np.full(self.bands, cfg.coupling0, np.float32)
         self._smooth_e = np.zeros(self.bands, np.float32)
         self._smooth_s = np.zeros(self.bands, np.float32)
@@ -325,7 +324,6 @@ class EchoCanceller:
             e = self._linear(n, d)
         out = self._suppress(n, d, e)
         self._err = np.concatenate([self._err, e])[-self.B :]
-        self._raw = np.concatenate([self._raw, d])[-self.B :]
         return out
 
     def _linear(self, n: int, d: np.ndarray) -> np.ndarray:
@@ -387,14 +385,6 @@ class EchoCanceller:
         w[:n_tail] = self._decay ** np.arange(n_tail, 0, -1)
         return np.max(rows * w[:, None], axis=0)
 
-    def _frame_bands(self, prev: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The suppression frame (the previous block and ``x``, N samples): its spectrum and band power."""
-        frame = np.concatenate([prev, x])[-self.N :]
-        if frame.size < self.N:
-            frame = np.concatenate([np.zeros(self.N - frame.size, np.float32), frame])
-        spec = np.fft.rfft(frame)
-        return spec, self._to_bands(np.abs(spec) ** 2)
-
     def _suppress(self, n: int, d: np.ndarray, e: np.ndarray) -> np.ndarray:
         """``e`` (the linear filter's output for mic block ``d``) with the bands the echo explains floored."""
         L, N = e.size, self.N
@@ -402,11 +392,15 @@ class EchoCanceller:
         s = self._predicted_far(n, int(self.config.spread_s * SAMPLE_RATE), center)
         if float(s.max()) <= 1e-10:
             return e.astype(np.float32)
-        spec, eb = self._frame_bands(self._err, e)
+        frame = np.concatenate([self._err, e])[-N:]
+        if frame.size < N:
+            frame = np.concatenate([np.zeros(N - frame.size, np.float32), frame])
+        spec = np.fft.rfft(frame)
+        eb = self._to_bands(np.abs(spec) ** 2)
         if center is not None:  # coupling against the aligned frames, applied over the widened range
             self._learn_coupling(eb, self._predicted_far(n, int(self.config.pre_delay_s * SAMPLE_RATE), center))
-        # bounded on the mic as it came: a filter that cancels now may be reset when the path moves
-        self._bound_coupling(n, d, eb if e is d else self._frame_bands(self._raw, d)[1])
+        if self.delay is None:  # the bound serves only until an echo is found (no linear filter yet: e is d)
+            self._bound_coupling(n, d, eb)
         if self.trusted:
             coupling = np.maximum(self._coupling, self.config.min_coupling)
         else:

@@ -61,6 +61,13 @@ def run_scene(scene: es.Scene, det: BargeInDetector,
     return np.concatenate(out), onset, emitted, cpu
 
 
+def run_after(before: es.Scene, scene: es.Scene,
+              det: BargeInDetector) -> tuple[np.ndarray, float | None, float | None, list[float]]:
+    """``run_scene`` of ``scene`` in the session ``before`` opened: the same detector, from where its mic ended."""
+    run_scene(before, det)
+    return run_scene(scene, det, before.mic.size / SR)
+
+
 def canceller_cpu(scene: es.Scene) -> list[float]:
     """CPU s per chunk of the echo canceller alone over the scene."""
     ec = EchoCanceller()
@@ -123,13 +130,12 @@ def no_echo_scenes(args: argparse.Namespace, answers: tuple[str, ...], users: tu
             rng = np.random.default_rng(args.seed + k)
             scene = es.make_scene(rng, answers[k % len(answers)], user=users[k % len(users)], echoes=False,
                                   at_s=float(rng.uniform(0.5, 1.5)))
-            det, t0 = make(), 0.0
             if later:
                 before = es.make_scene(np.random.default_rng(args.seed + 700 + k), answers[(k + 1) % len(answers)],
                                        echoes=False)
-                run_scene(before, det)
-                t0 = before.mic.size / SR
-            clean, _, emitted, _ = run_scene(scene, det, t0)
+                clean, _, emitted, _ = run_after(before, scene, make())
+            else:
+                clean, _, emitted, _ = run_scene(scene, make())
             assert scene.onset is not None
             if emitted is not None and emitted <= scene.onset + 1.0:
                 delays.append(emitted - scene.onset)
@@ -155,10 +161,7 @@ def no_echo_scenes(args: argparse.Namespace, answers: tuple[str, ...], users: tu
     for k in range(args.n):
         rng = np.random.default_rng(args.seed + 500 + k)
         quiet = es.make_scene(rng, answers[k % len(answers)], echoes=False)
-        det = make()
-        run_scene(quiet, det)
-        _, _, emitted, _ = run_scene(es.make_scene(rng, answers[(k + 1) % len(answers)]), det, quiet.mic.size / SR)
-        late_false += emitted is not None
+        late_false += run_after(quiet, es.make_scene(rng, answers[(k + 1) % len(answers)]), make())[2] is not None
     print(f"false interruptions: noise events {noise_false}/{args.n}; an echo-only answer after one with no echo "
           f"{late_false}/{args.n}")
 
