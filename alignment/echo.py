@@ -278,7 +278,7 @@ class EchoCanceller:
         if float(np.mean(far * far)) < 1e-7 or float(np.mean(mic * mic)) < 1e-9:
             return
         lag, conf = self._delay_est.estimate(mic, far)
-        if lag < int(cfg.min_delay_s * SAMPLE_RATE):
+        if not self._real_lag(lag):
             return
         self._vote(lag, conf)
         if conf < 9.0:
@@ -286,6 +286,12 @@ class EchoCanceller:
         if self._candidate is not None and abs(lag - self._candidate) <= 2 * _DECIM:
             self._set_delay(lag)
         self._candidate = lag
+
+    def _real_lag(self, lag: int) -> bool:
+        """Not too short for any real path, and not the search's edge: when both windows start mid-sound their
+        two steps, whitened, peak at zero shift (live, the user talking over an answer locked 0.5 s in a session
+        with no echo, and the bound was off for good)."""
+        return self.config.min_delay_s * SAMPLE_RATE <= lag < (self._delay_est.max_lag - 2) * _DECIM
 
     def _vote(self, lag: int, conf: float) -> None:
         """The coarse delay: the median of ``coarse_votes`` consecutive estimates that agree within

@@ -116,6 +116,25 @@ def test_with_no_echo_the_user_is_heard_whole_under_a_loud_answer(seed, whisper_
     assert all(w in kept_words for w in said), "a word the raw mic holds was lost in the cleaned one"
 
 
+def test_a_session_with_no_echo_locks_no_delay():
+    """Recorded live (``bench/voice.py --no-echo --trace``, room seed 7; two stretches of it, 16-bit): the user
+    talking over loud answers, nothing echoing. Both GCC-PHAT windows then start mid-sound and peak at the
+    search's edge; the tree before locked a 0.5 s delay there, which turned the coupling bound off for the rest
+    of the session (barge-ins took up to 1 s)."""
+    from pathlib import Path
+
+    z = np.load(Path(__file__).parent / "data" / "no_echo_session_edge_lock.npz")
+    played = z["played"].astype(np.float32).reshape(len(z["played_pts"]), -1) / 32767
+    mic = z["mic"].astype(np.float32).reshape(len(z["mic_pts"]), -1) / 32767
+    canceller, j = EchoCanceller(), 0
+    for pts, chunk in zip(z["mic_pts"], mic, strict=True):
+        while j < len(played) and z["played_pts"][j] <= pts:  # what was sent by then
+            canceller.played(float(z["played_pts"][j]), played[j])
+            j += 1
+        canceller.process(AudioChunk(float(pts), chunk))
+    assert j > 100 and canceller.delay is None, f"a delay of {canceller.delay} samples locked with no echo"
+
+
 def test_echo_that_begins_after_an_answer_without_any_is_not_a_barge_in():
     """What the mic showed over an answer with no echo bounds the coupling; echo that starts with the next answer
     (headphones unplugged) must still be removed, not pass under that bound."""
