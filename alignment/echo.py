@@ -15,8 +15,10 @@ The answer comes back delayed (network, playout, room), filtered, reverberant. P
    ``cap_window_s`` the mic's band energy divided by the played band energy at the least favourable delay
    bounds any echo's coupling from above. Where nothing echoes (headphones, the browser's own canceller)
    that bound falls to the noise floor and the user passes whole under a loud answer. Each answer's first
-   window still uses the prior, then sets the bound: echo that begins with it must not pass under an old one.
-   A lock is trusted only while its filter's output is no louder than the mic (``distrust_db``).
+   window sets the bound again. Until then the session's first answer uses the prior; a later one keeps the
+   bound its predecessors left unless the mic rises within ``max_delay_s`` of its first sound, when it may be
+   echo that begins with it (headphones unplugged) and the prior comes back. A user who starts later is heard at
+   once. A lock is trusted only while its filter's output is no louder than the mic (``distrust_db``).
 When nothing was played recently ``process`` returns the chunk itself.
 """
 
@@ -69,6 +71,19 @@ class EchoConfig:
     #: begins with a new answer is bounded by that answer's first window)
     cap_rise: float = 1.5
     cap_min: float = 1e-5  # the bound never falls below this (so it can rise again)
+    #: a later answer starts under the bound its predecessors left; the mic rising (its last 60 ms this much above
+    #: its median 20 ms over the last ``return_window_s``, looked at every ``return_every_s``) within
+    #: ``max_delay_s`` + ``return_slack_s`` of the answer's first sound (a played block above ``sound_db`` dBFS)
+    #: may be its echo
+    return_rise: float = 10.0
+    return_window_s: float = 0.25
+    return_every_s: float = 0.04
+    return_slack_s: float = 0.12
+    sound_db: float = -50.0
+    #: such a rise is suspect this long (the barge-in detector waits); a GCC-PHAT peak-to-spread ratio this high
+    #: over the mic's last ``return_window_s`` meanwhile says it is echo
+    suspect_s: float = 0.2
+    return_conf: float = 6.0
     answer_gap_s: float = 0.1  # played audio resuming after a gap this long is a new answer
     #: a window whose mic is quieter than this (mean power, dBFS) bounds nothing: digital silence is a muted or
     #: gated sender, not a path without echo (a live mic always carries some noise)
@@ -181,10 +196,18 @@ class EchoCanceller:
         self._cap = np.full(self.bands, np.inf, np.float32)  # upper bound of the untrusted coupling
         self._cap_e = np.zeros(self.bands, np.float64)  # mic band energy over the current cap window
         self._cap_power = 0.0  # the mic's sum of squares over it
-        #: an answer just began and no window of it has bounded the coupling yet: the prior holds (echo that
-        #: begins with this answer, e.g. after headphones were unplugged, must not pass under an old bound)
-        self._cap_fresh = True
+        self._cap_first = True  # no window of this answer has bounded the coupling yet: the next one sets it
+        #: the prior holds until this answer's first window sets the bound: the session's first answer, or one
+        #: the mic was seen echoing before that (headphones unplugged: echo must not pass under an old bound)
+        self._prior_holds = True
         self._cap_frames: list[int] = []  # its blocks' frame indices
+        self._watching = False  # this answer started under a carried bound and is watched for its echo
+        self._suspect_until: int | None = None  # the mic rose where echo could be arriving: undecided until then
+        self.returned = False  # this answer's echo was seen coming back under a bound carried from earlier ones
+        self._return_check = DelayEstimator(cfg.max_delay_s, cfg.return_window_s)
+        self._next_return_check = 0
+        self._answer_sound: int | None = None  # the sample the current answer's first sound was played at
+        self._mic_since = 0  # the mic ring holds every chunk from here on
         self._delay_est = DelayEstimator(cfg.max_delay_s, cfg.delay_window_s)
         self.delay: int | None = None  # bulk delay in samples, once locked
         self.coarse: int | None = None  # the delay several rough estimates agree on (a jittery path never locks)
@@ -209,6 +232,12 @@ class EchoCanceller:
         self._played_until = max(self._played_until, at + x.size)
         if prev_end < 0 or at - prev_end > self.config.answer_gap_s * SAMPLE_RATE:
             self._new_answer()
+        if self._answer_sound is None:  # the answer's first sound: its echo can arrive no earlier
+            step = min(self.B, x.size)
+            blocks = x[: x.size // step * step].reshape(-1, step)
+            loud = np.flatnonzero(np.mean(blocks * blocks, axis=1) > 10 ** (self.config.sound_db / 10))
+            if loud.size:
+                self._answer_sound = at + int(loud[0]) * step
         # band power of every block-grid frame touched by this write
         f0 = max(at, max(prev_end, at) - self.B) // self.B if prev_end > 0 else at // self.B
         f1 = (at + x.size) // self.B
@@ -257,9 +286,12 @@ class EchoCanceller:
             return chunk
         if not np.all(np.isfinite(d)):
             raise ValueError("mic audio holds NaN or inf")
+        if start != self._mic.end:  # the mic ring resumes here after a quiet spell
+            self._mic_since = start
         self._mic.write(start, d)
         self._mic_end = start + d.size
         self._maybe_estimate_delay(self._mic_end)
+        self._watch_return(self._mic_end)
         out = np.empty_like(d)
         for a in range(0, d.size, self.B):
             b = min(a + self.B, d.size)
@@ -286,6 +318,53 @@ class EchoCanceller:
         if self._candidate is not None and abs(lag - self._candidate) <= 2 * _DECIM:
             self._set_delay(lag)
         self._candidate = lag
+
+    @property
+    def suspect(self) -> bool:
+        """The mic rose where this answer's echo could be first arriving under a bound carried from earlier answers
+        with none: what it hears may be that echo, not the user, until ``_watch_return`` decides."""
+        return self._suspect_until is not None
+
+    def _watch_return(self, end: int) -> None:
+        """An answer that starts under a bound carried from earlier ones: its echo, if any path now returns it,
+        first reaches the mic within ``max_delay_s`` of the answer's first sound. A rise after that span is
+        someone else. A rise within it is suspect for ``suspect_s``: a GCC-PHAT peak at a lag the answer could have
+        reached says it is echo (the user's voice does not correlate with the answer's) and the prior comes back."""
+        cfg = self.config
+        if self.delay is not None or self._prior_holds or not self._watching or end < self._next_return_check:
+            return
+        self._next_return_check = end + int(cfg.return_every_s * SAMPLE_RATE)
+        span = int((cfg.max_delay_s + cfg.return_slack_s) * SAMPLE_RATE)
+        if self._suspect_until is not None:
+            lag, conf = self._return_check.estimate(
+                self._mic.read(end - self._return_check.win * _DECIM, end),
+                self._far.read(end - (self._return_check.win + self._return_check.max_lag) * _DECIM, end))
+            reached = end - (self._answer_sound or end) - 3 * self.B  # the longest lag its echo can hold 60 ms at
+            if conf >= cfg.return_conf and self._real_lag(lag) and lag <= reached:
+                self._suspect_until, self._watching, self.returned = None, False, True
+                self._prior_holds = True  # until this answer's first window sets the bound
+            elif end >= self._suspect_until:
+                self._suspect_until = None
+                self._watching = self._cap_first = False  # the user: the carried bound stays this answer's
+            return
+        if not self._cap_first:  # this answer's first window bounded the coupling already
+            self._watching = False
+            return
+        if self._answer_sound is not None and end - self._answer_sound > span:
+            # no echo came back in time: the carried bound is this answer's, and what rises now is someone else
+            # (whose voice must not set the bound as an answer's first window would)
+            self._watching = self._cap_first = False
+            return
+        known = min(end - self._mic_since, int(cfg.return_window_s * SAMPLE_RATE)) // self.B * self.B
+        if known < 5 * self.B:
+            return
+        power = np.mean(self._mic.read(end - known, end).reshape(-1, self.B) ** 2, axis=1)
+        if float(power[-3:].mean()) >= max(cfg.return_rise * float(np.median(power)), 1e-9):
+            if self._answer_sound is None:  # nothing sounded yet: no echo of it can be arriving
+                self._watching = self._cap_first = False
+            else:
+                self._suspect_until = end + int(cfg.suspect_s * SAMPLE_RATE)
+                self._next_return_check = end  # look at once
 
     def _real_lag(self, lag: int) -> bool:
         """Not too short for any real path, and not the search's edge: when both windows start mid-sound their
@@ -411,7 +490,7 @@ class EchoCanceller:
             coupling = np.maximum(self._coupling, self.config.min_coupling)
         else:
             coupling = np.maximum(self._coupling, self.config.coarse_coupling_floor)
-            if self.delay is None and not self._cap_fresh:  # no echo found yet: what the mic showed bounds it
+            if self.delay is None and not self._prior_holds:  # no echo found yet: what the mic showed bounds it
                 coupling = np.minimum(coupling, self._cap)
         ratio = self.config.over * coupling * s / (eb + 1e-10)
         gain = np.clip(1.0 - ratio, self.config.floor, 1.0)
@@ -433,8 +512,15 @@ class EchoCanceller:
         c[up] = np.minimum(c[up] * 1.01, r[up])
 
     def _new_answer(self) -> None:
-        """Played audio resumed after a gap: the bound is set again from this answer's first window."""
-        self._cap_fresh = True
+        """Played audio resumed after a gap: the bound is set again from this answer's first window; until then
+        the one carried from earlier answers holds, watched (``_watch_return``), or in the session's first the prior."""
+        self._cap_first = True
+        self._prior_holds = not bool(np.isfinite(self._cap).any())
+        self._watching = not self._prior_holds
+        self._suspect_until = None
+        self.returned = False
+        self._next_return_check = 0
+        self._answer_sound = None
         self._cap_e[:] = 0
         self._cap_power = 0.0
         self._cap_frames = []
@@ -464,8 +550,9 @@ class EchoCanceller:
         seen = least > 1e-4 * frames.size  # the answer played in that band at every delay
         ratio = (e / np.maximum(least, 1e-12)).astype(np.float32)
         bound = np.maximum(ratio[seen], self.config.cap_min)
-        if self._cap_fresh:  # an answer's first window: whatever the bound was, it is this now
+        if self._cap_first:  # an answer's first window: whatever the bound was, it is this now
             self._cap[seen] = bound
-            self._cap_fresh = not seen.any()
+            self._cap_first = not seen.any()
+            self._prior_holds &= self._cap_first
         else:
             self._cap[seen] = np.minimum(bound, self._cap[seen] * self.config.cap_rise)

@@ -59,6 +59,7 @@ class BargeInDetector:
         self._speech_windows = 0
         self._gap = 0
         self._fired = False
+        self._echo_reset = False
         self._pending = np.zeros(0, np.float32)
         self._t = 0.0
         self._min_power = 10 ** (self.config.min_level_db / 10)
@@ -76,6 +77,7 @@ class BargeInDetector:
         if not self._answering:  # a new answer: fresh VAD state from this chunk on
             self._answering = True
             self._fired = False
+            self._echo_reset = False
             self._onset = None
             self._pending = np.zeros(0, np.float32)
             if self._vad is None:
@@ -109,7 +111,9 @@ class BargeInDetector:
                 self._gap += 1
                 if self._gap > self.config.max_gap_windows:
                     self._onset = None
-            if hit is None and self._onset is not None and self._speech_windows >= need:
+            if self.canceller.returned and not self._echo_reset:  # what was heard while unsure was echo
+                self._onset, self._echo_reset = None, True
+            if hit is None and self._onset is not None and self._speech_windows >= need and not self.canceller.suspect:
                 hit = BargeIn(self._onset)
                 self._fired = True
                 break

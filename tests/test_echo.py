@@ -116,6 +116,23 @@ def test_with_no_echo_the_user_is_heard_whole_under_a_loud_answer(seed, whisper_
     assert all(w in kept_words for w in said), "a word the raw mic holds was lost in the cleaned one"
 
 
+@pytest.mark.parametrize("seed", [0, 2])
+def test_a_user_early_in_a_later_answer_with_no_echo_is_heard_at_once(seed):
+    """0.65 s into an answer, before any window of it can bound the coupling, the user could be its echo first
+    arriving; with no echo in the answers before, a short wait for a GCC-PHAT peak tells them apart (the tree
+    before held the prior over the whole window and never heard these users)."""
+    before = es.make_scene(np.random.default_rng(seed + 100), es.TUNE_ANSWERS[(seed + 1) % 3], echoes=False)
+    scene = es.make_scene(np.random.default_rng(seed), es.TUNE_ANSWERS[seed % 3], user=es.TUNE_USERS[0],
+                          echoes=False, at_s=0.65)
+    det = BargeInDetector()
+    clean, _, emitted, _ = run_after(before, scene, det)
+    assert scene.onset is not None and emitted is not None and emitted - scene.onset <= 0.3
+    assert not det.canceller.returned, "the user was taken for the answer's echo"
+    a, b = int(scene.onset * SAMPLE_RATE), int((scene.onset + 0.5) * SAMPLE_RATE)
+    kept = 10 * np.log10(np.sum(clean[a:b] ** 2) / np.sum(scene.mic[a:b] ** 2))
+    assert kept > -3.0, f"the canceller took {-kept:.1f} dB of the user's first half second"
+
+
 def test_a_session_with_no_echo_locks_no_delay():
     """Recorded live (``bench/voice.py --no-echo --trace``, room seed 7; two stretches of it, 16-bit): the user
     talking over loud answers, nothing echoing. Both GCC-PHAT windows then start mid-sound and peak at the
@@ -147,6 +164,7 @@ def test_echo_that_begins_after_an_answer_without_any_is_not_a_barge_in():
         _, _, emitted, _ = run_scene(es.make_scene(rng, es.TUNE_ANSWERS[(seed + 1) % 3]), det,
                                      quiet.mic.size / SAMPLE_RATE)  # run_after, with the bound read in between
         assert emitted is None, f"echo beginning with the second answer (seed {seed}) was taken for a barge-in"
+        assert det.canceller.returned or det.canceller.delay is not None, "the echo's return went unseen"
 
 
 @pytest.mark.parametrize("seed", [2, 7])
