@@ -27,13 +27,15 @@ Bounded: at most ``--turns`` + ``--barge-ins`` + ``--llm-turns`` utterances, eac
 and ``--max-minutes`` for the whole run. Loopback only.
 
     PYTHONPATH=$PWD flock /tmp/heavy.lock .venv/bin/python bench/voice.py [--turns 20] [--barge-ins 50]
-        [--llm-turns 10] [--no-echo] [--seed 0] [--server-arg=--flag] [--trace DIR [--trace-listen]]
+        [--llm-turns 10] [--no-echo] [--mic-noise-dbfs -70] [--seed 0] [--server-arg=--flag]
+        [--trace DIR [--trace-listen]]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import sys
@@ -117,7 +119,8 @@ class Run:
         print(f"[{self.name}] server on 127.0.0.1:{self.server.port} (log {log}) ...", flush=True)
         await asyncio.to_thread(self.server.wait_ready)
         self.echo = None if self.args.no_echo else ans.EchoPath(ans.RoomResponse.seeded(self.args.seed))
-        self.peer = VoicePeer(self.server.url, camera(), fps=16.0, echo=self.echo, decode_camera=False)
+        self.peer = VoicePeer(self.server.url, camera(), fps=16.0, echo=self.echo, decode_camera=False,
+                              mic_noise_dbfs=self.args.mic_noise_dbfs)
         await self.peer.connect(timeout=20)
         await asyncio.sleep(1.5)  # the session settles (first frames, face, silence for the VAD)
         return self
@@ -369,6 +372,8 @@ def write_truth(folder: Path, utterances: list[Any], said: list[Said]) -> None:
 def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     figs, peer, phase_of = out["builtin"]
     said = peer.said
+    if args.dump:
+        Path(args.dump).write_text(json.dumps({"answers": figs, "said": [vars(u) for u in said]}, indent=1))
     turn_figs = [f for f in figs if phase_of.get(f.get("utterance_index", -1)) == "turn"]
     v2v = [f["voice_to_voice_ms"] for f in turn_figs if f["voice_to_voice_ms"] is not None]
     stops = [f["stop_ms"] for f in figs if f["stop_ms"] is not None]
@@ -382,7 +387,8 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
     warnings = [e.message for e in peer.events if e.type == "warning"]
     print(f"\nbuilt-in responder, 1 session, echo path {'off' if args.no_echo else 'on'} "
           f"({'turns and barge-ins' if args.echo_turns else 'barge-in phase'}) "
-          f"(room taps ms:gain {_taps(args)}); "
+          f"(room taps ms:gain {_taps(args)}); mic noise floor "
+          f"{'none (zeros)' if args.mic_noise_dbfs is None else f'{args.mic_noise_dbfs:g} dBFS'}; "
           f"load average {[round(x, 2) for x in os.getloadavg()]}")
     orphans = sum(f.get("utterance") is None for f in figs)
     print(f"  answers {len(figs)} ({len(audible)} audible; {orphans} answering nothing the peer said, e.g. its "
@@ -476,7 +482,10 @@ def main() -> int:
     ap.add_argument("--barge-ins", type=int, default=50, help="barge-ins to make")
     ap.add_argument("--llm-turns", type=int, default=10, help="turns with the 80 ms-TTFT stand-in LLM (0: skip)")
     ap.add_argument("--wer-answers", type=int, default=20, help="finished answers transcribed for the WER check")
+    ap.add_argument("--dump", default=None, help="write every answer's figures and what the peer said (JSON)")
     ap.add_argument("--no-echo", action="store_true", help="no echo path into the peer's microphone")
+    ap.add_argument("--mic-noise-dbfs", type=float, default=None,
+                    help="a noise floor in the peer's microphone (RMS dBFS; a real mic has one), none by default")
     ap.add_argument("--echo-turns", action="store_true", help="the echo path on in the voice-to-voice turns too")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-minutes", type=float, default=15.0, help="stop the live part after this long")

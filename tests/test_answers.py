@@ -144,6 +144,18 @@ async def test_scripted_mic_sends_what_it_was_told_when_it_was_told(speech):
         mic.say(np.zeros(100, np.float32))
 
 
+async def test_scripted_mic_has_the_noise_floor_it_was_given():
+    from app.loadtest.peer import _Start
+
+    quiet, noisy = ScriptedMic(_Start()), ScriptedMic(_Start(), noise_dbfs=-60.0)
+    zeros = np.concatenate([(await quiet.recv()).to_ndarray().reshape(-1) for _ in range(5)])
+    pcm = np.concatenate([(await noisy.recv()).to_ndarray().reshape(-1) for _ in range(5)]).astype(np.float32) / 32767
+    assert not zeros.any(), "without a noise floor the silence is digital"
+    assert 20 * np.log10(np.sqrt(np.mean(pcm**2))) == pytest.approx(-60.0, abs=0.5)
+    quiet.stop()
+    noisy.stop()
+
+
 def test_echo_tokens_are_words_the_peer_never_said():
     class E:
         def __init__(self, m):

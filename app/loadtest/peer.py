@@ -453,9 +453,11 @@ class VoicePeer(WhipPeer):
     answers (``answer``); it asks for the avatar. Its camera is ``frames`` looped."""
 
     def __init__(self, url: str, frames: list[np.ndarray], fps: float = 25.0, decode_camera: bool = True,
-                 **kwargs: object) -> None:
-        """``decode_camera=False``: the returned camera's frames are counted from RTP, not decoded."""
+                 mic_noise_dbfs: float | None = None, **kwargs: object) -> None:
+        """``decode_camera=False``: the returned camera's frames are counted from RTP, not decoded;
+        ``mic_noise_dbfs``: the microphone's noise floor (:class:`ScriptedMic`), none (zeros) by default."""
         kwargs.setdefault("answer_video", True)
+        self.mic_noise_dbfs = mic_noise_dbfs
         super().__init__(url, audio=np.zeros(AUDIO_FRAME, np.float32), frames=frames, fps=fps, loop=True, **kwargs)
         self.decode_camera = decode_camera
         self.said: list[Utterance] = []
@@ -473,7 +475,7 @@ class VoicePeer(WhipPeer):
         super()._on_track(track)
 
     def _audio_track(self, samples16k: np.ndarray, loop: bool) -> MediaStreamTrack:
-        return ScriptedMic(self._start, self.echo)
+        return ScriptedMic(self._start, self.echo, self.mic_noise_dbfs)
 
     @property
     def mic(self) -> ScriptedMic:

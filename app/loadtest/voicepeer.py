@@ -215,14 +215,19 @@ def _luma_plane(frame: av.VideoFrame) -> np.ndarray:
 
 
 class ScriptedMic(MediaStreamTrack):
-    """48 kHz mono 20 ms frames: silence, the utterances scheduled by :meth:`say`, and the echo."""
+    """48 kHz mono 20 ms frames: silence, the utterances scheduled by :meth:`say`, and the echo.
+
+    ``noise_dbfs``: a white noise floor at that RMS level, as a real microphone has; without it the silence is
+    digital (zeros), as a gated sender's is."""
 
     kind = "audio"
 
-    def __init__(self, start: Any, echo: ans.EchoPath | None = None) -> None:
+    def __init__(self, start: Any, echo: ans.EchoPath | None = None, noise_dbfs: float | None = None) -> None:
         super().__init__()
         self._start = start
         self.echo = echo
+        self._noise = None if noise_dbfs is None else 10 ** (noise_dbfs / 20)
+        self._rng = np.random.default_rng(0)
         self._n = 0
         self._queue: list[tuple[int, np.ndarray]] = []
 
@@ -275,6 +280,8 @@ class ScriptedMic(MediaStreamTrack):
         self._queue = keep
         if self.echo is not None:
             chunk += self.echo.echo(pts / AUDIO_RATE, AUDIO_FRAME)
+        if self._noise is not None:
+            chunk += (self._noise * self._rng.standard_normal(AUDIO_FRAME)).astype(np.float32)
         frame = av.AudioFrame.from_ndarray((np.clip(chunk, -1, 1) * 32767).astype(np.int16)[None, :],
                                            format="s16", layout="mono")
         frame.sample_rate = AUDIO_RATE
