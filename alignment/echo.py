@@ -331,7 +331,10 @@ class EchoCanceller:
         someone else. A rise within it is suspect for ``suspect_s``: a GCC-PHAT peak at a lag the answer could have
         reached says it is echo (the user's voice does not correlate with the answer's) and the prior comes back."""
         cfg = self.config
-        if self.delay is not None or self._prior_holds or not self._watching or end < self._next_return_check:
+        if self.delay is not None or self._prior_holds or not self._watching:
+            self._suspect_until = None  # a delay found meanwhile decides it: the suppressor knows where echo is
+            return
+        if end < self._next_return_check:
             return
         self._next_return_check = end + int(cfg.return_every_s * SAMPLE_RATE)
         span = int((cfg.max_delay_s + cfg.return_slack_s) * SAMPLE_RATE)
