@@ -18,7 +18,8 @@ The answer comes back delayed (network, playout, room), filtered, reverberant. P
    window sets the bound again. Until then the session's first answer uses the prior; a later one keeps the
    bound its predecessors left unless the mic rises within ``max_delay_s`` of its first sound, when it may be
    echo that begins with it (headphones unplugged) and the prior comes back. A user who starts later is heard at
-   once. A lock is trusted only while its filter's output is no louder than the mic (``distrust_db``).
+   once. A lock is trusted only while its filter's output is no louder than the mic (``distrust_db``), and one
+   never trusted over ``untrusted_s`` of played audio is dropped (no echo comes back at that delay).
 When nothing was played recently ``process`` returns the chunk itself.
 """
 
@@ -55,6 +56,9 @@ class EchoConfig:
     spread_s: float = 0.1  # the delay may move this much either way (sender stalls, jitter buffer)
     trust_erle_db: float = 1.0  # the locked delay narrows the suppressor only once the filter cancels this much
     distrust_db: float = 3.0  # ... and stops narrowing it while the filter's output is this much louder than the mic
+    #: a lock whose filter has not been trusted over this much played audio is dropped: no echo comes back at that
+    #: delay (live, with no echo in the session, a wrong lock left the coupling unbounded for good)
+    untrusted_s: float = 4.0
     #: this many consecutive estimates within coarse_tol_s make a coarse delay; 0 (off): in a clean live run of
     #: bench/voice.py it let the echo interrupt 7 % of answers (BENCHMARKS.md, spoken answers)
     coarse_votes: int = 0
@@ -188,6 +192,7 @@ class EchoCanceller:
         self._ef = self._eb = self._df = 0.0  # smoothed error energies of the two filters, and the mic's
         self._erle_d = self._erle_e = 0.0  # smoothed mic / foreground-output energy while echo plays
         self._trusted = False
+        self._untrusted = 0  # samples of played audio the locked filter has gone untrusted over
         self._pxx = np.full(bins, 1e-6, np.float32)
         self._err = np.zeros(self.B, np.float32)  # previous block's output (suppression frame)
         self._coupling = np.full(self.bands, cfg.coupling0, np.float32)
@@ -398,11 +403,7 @@ class EchoCanceller:
         if self.delay is not None and abs(lag - self.delay) <= 2 * _DECIM:
             return
         if self.delay is not None:  # the echo path moved: the filters restart around the new delay
-            self._hf[:] = 0
-            self._hb[:] = 0
-            self._ef = self._eb = self._df = 0.0
-            self._erle_d = self._erle_e = 0.0
-            self._trusted = False
+            self._drop_lock()
         self.delay = lag
 
     def _block(self, n: int, d: np.ndarray) -> np.ndarray:
@@ -435,7 +436,19 @@ class EchoCanceller:
             self._two_path(float(np.dot(ef, ef)), float(np.dot(eb, eb)), float(np.dot(d, d)))
             self._erle_d = 0.97 * self._erle_d + 0.03 * float(np.dot(d, d))
             self._erle_e = 0.97 * self._erle_e + 0.03 * float(np.dot(ef, ef))
+            self._untrusted = 0 if self.trusted else self._untrusted + L
+            if self._untrusted > self.config.untrusted_s * SAMPLE_RATE:
+                self._drop_lock()  # a filter that never cancels found no echo path: the bound serves again
         return ef.astype(np.float32)
+
+    def _drop_lock(self) -> None:
+        self._hf[:] = 0
+        self._hb[:] = 0
+        self._ef = self._eb = self._df = 0.0
+        self._erle_d = self._erle_e = 0.0
+        self._trusted = False
+        self._untrusted = 0
+        self.delay = self._candidate = None
 
     def _two_path(self, efe: float, ebe: float, de: float) -> None:
         """Keep the foreground filter the better canceller: copy the background over it when it wins,

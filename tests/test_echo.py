@@ -152,6 +152,25 @@ def test_a_session_with_no_echo_locks_no_delay():
     assert j > 100 and canceller.delay is None, f"a delay of {canceller.delay} samples locked with no echo"
 
 
+def test_a_wrong_lock_in_a_session_with_no_echo_is_dropped():
+    """A delay locked where nothing echoes (a GCC-PHAT artefact) must not switch the coupling bound off for good:
+    its filter never cancels, so after ``untrusted_s`` of played audio the lock goes and the bound serves again."""
+    scene = es.make_scene(np.random.default_rng(4), es.TUNE_ANSWERS[0], echoes=False)
+    canceller = EchoCanceller(EchoConfig(untrusted_s=2.0))  # the answer is 3.2 s long
+    a0, locked = int(scene.answer_pts * SAMPLE_RATE), int((scene.answer_pts + 0.5) * SAMPLE_RATE)
+    dropped_at = None
+    for i in range(0, scene.mic.size - 320 + 1, 320):
+        if a0 <= i < a0 + scene.played.size:
+            canceller.played(i / SAMPLE_RATE, scene.played[i - a0 : i - a0 + 320])
+        if i == locked:
+            canceller.delay = 2400  # as a wrong lock would
+        canceller.process(AudioChunk(i / SAMPLE_RATE, scene.mic[i : i + 320]))
+        if dropped_at is None and i >= locked and canceller.delay is None:
+            dropped_at = (i - locked) / SAMPLE_RATE
+    assert scene.played.size / SAMPLE_RATE > canceller.config.untrusted_s + 1, "the answer is too short to show it"
+    assert dropped_at is not None and dropped_at <= canceller.config.untrusted_s + 0.5, f"dropped at {dropped_at}"
+
+
 def test_echo_that_begins_after_an_answer_without_any_is_not_a_barge_in():
     """What the mic showed over an answer with no echo bounds the coupling; echo that starts with the next answer
     (headphones unplugged) must still be removed, not pass under that bound."""
