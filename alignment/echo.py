@@ -101,6 +101,9 @@ class EchoConfig:
                              f"{self.coarse_tol_s} s, floors {self.coarse_coupling_floor} / {self.min_coupling}")
         if self.cap_window_s <= 0 or self.cap_rise < 1 or self.cap_min <= 0:
             raise ValueError(f"bad coupling cap: window {self.cap_window_s} s, rise {self.cap_rise}")
+        if min(self.return_window_s, self.return_every_s, self.untrusted_s) <= 0 or self.suspect_s < 0:
+            raise ValueError(f"bad echo-return watch: window {self.return_window_s} s, every {self.return_every_s} s, "
+                             f"suspect {self.suspect_s} s, untrusted {self.untrusted_s} s")
         if not 0 < self.floor <= 1 or self.max_delay_s <= 0 or self.tail_s < 0:
             raise ValueError("echo floor must be in (0, 1] and delays positive")
 
@@ -442,6 +445,7 @@ class EchoCanceller:
         return ef.astype(np.float32)
 
     def _drop_lock(self) -> None:
+        """Forget the delay and everything the filters learned around it."""
         self._hf[:] = 0
         self._hb[:] = 0
         self._ef = self._eb = self._df = 0.0

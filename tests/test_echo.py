@@ -242,6 +242,8 @@ def test_bad_input_is_a_clear_error():
         ec.process(AudioChunk(0.02, np.full(320, np.inf, np.float32)))
     with pytest.raises(ValueError):
         EchoConfig(floor=0.0)
+    with pytest.raises(ValueError, match="echo-return watch"):
+        EchoConfig(untrusted_s=0.0)
     with pytest.raises(ValueError):
         BargeInConfig(threshold=1.5)
 
