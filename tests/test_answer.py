@@ -290,3 +290,39 @@ async def test_barge_in_detector_stops_the_answer(live_stages, voice, av_clip): 
         metrics = (await httpx.AsyncClient().get(f"{base}/metrics")).text
         assert "synchrony_barge_ins_total 1.0" in metrics or "synchrony_barge_ins_total 2.0" in metrics
         await peer.close()
+
+
+async def test_a_prepared_answer_is_synthesized_silently_and_plays_at_once_when_released(voice):
+    """A prefetched spoken answer: its first phrase is synthesized while the turn may still go on, the
+    track sends nothing of it (the answer playing goes on), and once released its voice starts in
+    the first frame: the synthesis is not in the voice-to-voice latency."""
+    from alignment.clock import SessionClock
+    from alignment.types import TokenRatePolicy
+    from app.live.answer import FRAME_S, AnswerPlayer
+    from app.live.stages import AnswerConfig
+    from app.live.warm_answer import _LocalHost, _Quiet
+
+    clock = SessionClock()
+    clock.zero_wall = asyncio.get_running_loop().time()
+    player = AnswerPlayer(_LocalHost(), clock, voice, AnswerConfig(), _Quiet())
+    policy = TokenRatePolicy(8.0, 64, 0.5)
+    playing = player.begin(1, None, lambda: policy)
+    playing.feed("One moment please.")
+    held = player.prepare(2, None, lambda: policy)
+    for i, word in enumerate("I heard you. Tell me more.".split()):
+        held.feed(word if i == 0 else " " + word)
+    held.close_input()
+    for _ in range(400):
+        if held.queue and playing.queue:
+            break
+        await asyncio.sleep(0.01)
+    assert held.queue, "the held answer's first phrase was not synthesized"
+    assert player.current is playing and not held.started_wall
+    player.release(held)
+    assert playing.stopped and player.current is held
+    frames = [player.audio_at(k * FRAME_S) for k in range(3)]
+    assert all(f is not None for f in frames)
+    peaks = [float(np.abs(f.astype(np.float32)).max()) / 32768.0 for f in frames]
+    assert peaks[0] > 1e-3 and max(peaks) > 0.05, f"the released answer's voice starts late: peaks {peaks}"
+    assert held.started_wall is not None and held.words[0].start < FRAME_S
+    player.close()

@@ -61,6 +61,9 @@ SYNC_TOLERANCE_MS = 50.0
 SYNC_AFTER_S = 0.3
 #: Drawn mouths kept for the checks (frames).
 KEEP_FRAMES = 160
+#: Silence kept before an answer's first frame in the record of what was sent (the onset check
+#: wants ``alignment.onsets.MIN_SILENCE_S`` of it).
+SILENCE_BEFORE_S = 0.2
 #: After the synthesizer failed, answers are text only for this long before it is tried again.
 TTS_RETRY_S = 30.0
 #: The avatar waits up to this many 5 ms steps for the audio frame that covers its frame's time.
@@ -290,10 +293,23 @@ class AnswerPlayer:
     def begin(self, answer_id: int, speech_end: float | None, policy: Callable[[], TokenRatePolicy],
               turn: tracing._NoSpan = tracing.NO_SPAN) -> Answer:
         """A new answer replaces the one playing (which stops at once); ``turn``: its span."""
+        answer = self.prepare(answer_id, speech_end, policy, turn)
+        self.release(answer)
+        return answer
+
+    def prepare(self, answer_id: int, speech_end: float | None, policy: Callable[[], TokenRatePolicy],
+                turn: tracing._NoSpan = tracing.NO_SPAN) -> Answer:
+        """A new answer, synthesized from now on but silent until :meth:`release`: a prefetched
+        answer's first phrase is ready when the turn ends, instead of being synthesized then."""
+        return Answer(self, answer_id, speech_end, policy, turn)
+
+    def release(self, answer: Answer) -> None:
+        """``answer`` plays from the next frame on, replacing the one playing (which stops at once)."""
+        if self.current is answer:
+            return
         if self.current is not None:
             self.current.stop()
-        self.current = Answer(self, answer_id, speech_end, policy, turn)
-        return self.current
+        self.current = answer
 
     def stop(self) -> Answer | None:
         """Stop the answer playing (barge-in): the next audio frame is silence, the next face idle."""
@@ -345,8 +361,11 @@ class AnswerPlayer:
             pcm.reshape(n, DECIMATE).astype(np.float32).mean(axis=1) / 32768.0)
         ring = self._sent_audio
         if self._sent_t0 is None or abs(self._sent_t0 + self._sent_n / SAMPLE_RATE - t) > 1e-4:
-            ring[:] = 0.0  # a gap (idle between answers): start a fresh record
-            self._sent_t0, self._sent_n = t, 0
+            # A gap (idle between answers): a fresh record, opening on the digital silence the track
+            # sent meanwhile, so an answer's first word rises out of silence as its later ones can.
+            ring[:] = 0.0
+            self._sent_n = min(int(SILENCE_BEFORE_S * SAMPLE_RATE), len(ring) - n)
+            self._sent_t0 = t - self._sent_n / SAMPLE_RATE
         if self._sent_n + n > len(ring):
             shift = self._sent_n + n - len(ring)
             ring[:-shift] = ring[shift:]

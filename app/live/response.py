@@ -1,9 +1,10 @@
 """The response stage: when the user's turn ends, answer it, paced at the current load's policy.
 
 A turn ends at the turn detector's decision (``app.live.turns``: silence after words that can end a
-sentence) or, without one, at the ASR's endpoint. A responder with a network TTFT gets the request
-at the pause already (a prefetch), and its tokens are held until the turn really ends. Each answer
-is metered for LST (docs/LST.md) and streamed as ``response`` events.
+sentence) or, without one, at the ASR's endpoint. A responder with a network TTFT, and any answer
+that is spoken, gets the request at the pause already (a prefetch): its tokens, and the speech already
+synthesized from them, are held until the turn really ends. Each answer is metered for LST
+(docs/LST.md) and streamed as ``response`` events.
 
 Where the session speaks its answers (``app.live.answer``), the responder's raw tokens are read as
 they arrive and teed to the synthesizer before the pacer, the answer lasts until its audio has
@@ -133,12 +134,18 @@ class Responses:
         ends = [end for start, end, _ in self._turn_words.values() if start < pts]
         return bool(ends) and max(ends) >= pts - HEARD_SLACK_S
 
+    @property
+    def prefetches(self) -> bool:
+        """Answers start at a pause: a responder with a network TTFT overlaps it with the rest of the
+        silence, and a spoken answer its first phrase's synthesis (the hold is reported, docs/LST.md)."""
+        return self.responder.prefetch or self.player is not None
+
     def _prefetch_response(self, pts: float) -> None:
         """Speech paused after words that can end a sentence: send the request now, hold its tokens
-        (responders with a network TTFT only: the hold counts in the LST TTFT, docs/LST.md)."""
+        and its speech until the turn is over."""
         text = self._turn_text(pts)
         self._drop_prefetch()
-        if not self.responder.prefetch or not text or looks_unfinished(text) or not self._heard_until(pts):
+        if not self.prefetches or not text or looks_unfinished(text) or not self._heard_until(pts):
             return
         gate = asyncio.Event()
         task = self.host.spawn(self._respond(text, pts, self._turn_utterance(), gate), Stage.RESPONSE_PREFETCH)
@@ -217,24 +224,33 @@ class Responses:
         heard: list[str] = []  # words read from the responder (and teed to the voice)
         shown: list[str] = []  # words paced out to the client
         reason: AnswerEnd | None = AnswerEnd.BARGE_IN if gate is None else None  # if cancelled
+        released = gate is None  # a prefetch is under way (not dropped) once its gate opens
 
-        async def released() -> AsyncIterator[str]:
-            nonlocal reason, voice
+        async def read() -> AsyncIterator[str]:
+            nonlocal voice
             context = Conversation(tuple(self.history), self._load)
             async for word in metered.words(text, context=context):
-                if gate is not None and not gate.is_set():
-                    await gate.wait()
-                reason = AnswerEnd.BARGE_IN  # shown from now on: a cancel cuts the answer short
-                self._pacer = pacer  # the answer now being shown follows load changes
-                if player is not None:
+                if player is not None:  # synthesized now, heard once released (a prefetch's first phrase is ready)
                     if voice is None:
-                        voice = player.begin(utterance, speech_end_pts, lambda: self.policy or policy,
-                                             metered.turn)
+                        voice = player.prepare(utterance, speech_end_pts, lambda: self.policy or policy,
+                                               metered.turn)
                     voice.feed(" " + word if heard else word)
                 heard.append(word)
                 yield word
 
-        source: AsyncIterator[str] = released() if player is None else _eager(released())
+        async def gated(words: AsyncIterator[str]) -> AsyncIterator[str]:
+            nonlocal reason, released
+            async for word in words:
+                if gate is not None and not gate.is_set():
+                    await gate.wait()
+                released = True
+                reason = AnswerEnd.BARGE_IN  # shown from now on: a cancel cuts the answer short
+                self._pacer = pacer  # the answer now being shown follows load changes
+                if voice is not None and player is not None:
+                    player.release(voice)
+                yield word
+
+        source = gated(read() if player is None else _eager(read()))
         try:
             async for tok in pacer.pace(source):
                 # the first word's LST timing only now: an answer still streaming keeps its own ITLs
@@ -257,7 +273,7 @@ class Responses:
             self._cut = None
             if voice is not None:
                 voice.stop()
-            if heard:  # an answer was under way (not a prefetch dropped before its release)
+            if heard and released:  # an answer was under way (not a prefetch dropped before its release)
                 self._answered(text, voice, reason or AnswerEnd.BARGE_IN, shown)
             raise
         except Exception as exc:  # noqa: BLE001
@@ -272,7 +288,7 @@ class Responses:
                 self._interval = pacer.interval_s
             if self._pacer is pacer:
                 self._pacer = None
-        if heard or reason is AnswerEnd.ERROR:
+        if (heard and released) or reason is AnswerEnd.ERROR:
             self._answered(text, voice, reason or AnswerEnd.ERROR, shown)
 
     def _answered(self, user: str, voice: Answer | None, reason: AnswerEnd, shown: list[str]) -> None:

@@ -49,8 +49,9 @@ VOICES: dict[str, str] = {
 #: Each voice's own rate at speed 1: spoken words per minute from its first word's onset to its last
 #: word's end, over bench/tts.py's answer sentences.
 NATURAL_WPM: dict[str, float] = {"slt_hts": 191.0, "kal_diphone": 208.0, "ked_diphone": 209.0}
-#: Festival's leading silence is cut to this much (its own is ~165 ms, heard as latency).
-LEAD_SILENCE_S = 0.05
+#: Festival's leading silence is cut to this much (its own is ~165 ms, heard as latency: an answer's
+#: first sound is its voice-to-voice latency; between phrases the trailing pause is the gap).
+LEAD_SILENCE_S = 0.01
 _STARTUP_TIMEOUT_S = 20.0
 
 _PRELUDE = """(defvar hts_engine_params nil)
