@@ -37,12 +37,13 @@ def test_a_finished_sentence_pauses_then_ends_at_the_short_silence():
     end_true = 0.3 + len(first) / SAMPLE_RATE
     events = _run(audio, lambda t: "please send me the report")
     kinds = [k for k, _, _ in events]
-    assert kinds == ["pause", "end"], events
-    (_, pause_pts, pause_at), (_, end_pts, end_at) = events
-    assert pause_pts == end_pts and abs(end_pts - end_true) < 0.1  # the VAD's end of speech
+    assert kinds == ["pause", "speak", "end"], events
+    (_, pause_pts, pause_at), (_, speak_pts, speak_at), (_, end_pts, end_at) = events
+    assert pause_pts == speak_pts == end_pts and abs(end_pts - end_true) < 0.1  # the VAD's end of speech
     assert 0.08 <= pause_at - pause_pts <= 0.2  # prefetch after ~0.1 s of silence
-    end_s = TurnConfig().end_s
-    assert end_s - 0.01 <= end_at - end_pts <= end_s + 0.1  # the turn is over after end_s of silence
+    config = TurnConfig()
+    assert config.speak_s - 0.01 <= speak_at - speak_pts <= config.speak_s + 0.1 < end_at - end_pts  # synthesis
+    assert config.end_s - 0.01 <= end_at - end_pts <= config.end_s + 0.1  # the turn is over after end_s of silence
 
 
 def test_a_hesitation_after_an_unfinished_word_is_not_an_end():
@@ -54,10 +55,20 @@ def test_a_hesitation_after_an_unfinished_word_is_not_an_end():
         return "i would like to" if t < resume_t + 0.3 else "i would like to order a pizza"
 
     events = _run(audio, text)
-    assert [k for k, _, _ in events] == ["pause", "resume", "pause", "end"], events
+    assert [k for k, _, _ in events] == ["pause", "speak", "resume", "pause", "speak", "end"], events
     # the same 0.45 s hesitation after a word that can end a sentence is taken for the end
     events = _run(audio, lambda t: "i would like to order")
-    assert [k for k, _, _ in events][:2] == ["pause", "end"], events
+    assert [k for k, _, _ in events][:3] == ["pause", "speak", "end"], events
+
+
+def test_a_short_pause_inside_a_sentence_is_not_spoken_ahead():
+    """A short gap between words (0.2 s of zeros; the VAD hears ~0.13 s of it): a network responder may
+    prefetch there (``pause``), but no answer is synthesized ahead (``speak`` waits for 0.2 s of silence),
+    so a spoken answer wastes no CPU on it."""
+    part1, part2 = _speech("please call me back"), _speech("when you have a moment")
+    audio = np.concatenate([_silence(0.3), part1, _silence(0.2), part2, _silence(1.0)])
+    kinds = [k for k, _, _ in _run(audio, lambda t: "please call me back")]
+    assert kinds[:2] == ["pause", "resume"] and kinds[2:] == ["pause", "speak", "end"], kinds
 
 
 def test_config_and_wordlist():
@@ -67,6 +78,8 @@ def test_config_and_wordlist():
     assert end_silence("to the", cfg) == cfg.unfinished_end_s and end_silence("the station", cfg) == cfg.end_s
     with pytest.raises(ValueError):
         TurnConfig(pause_s=0.3, end_s=0.2)
+    with pytest.raises(ValueError):
+        TurnConfig(speak_s=0.4)
 
 
 async def test_live_session_prefetches_an_openai_answer_and_reports_both_figures(live_stages, av_clip):  # noqa: F811

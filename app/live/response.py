@@ -65,6 +65,7 @@ class Responses:
         self._unanswered_end: float | None = None  # a turn ended before its words came: answer when they do
         self._prefetch: tuple[asyncio.Task[None], asyncio.Event, float, str] | None = None  # task, gate, pts, text
         self._pause_pts: float | None = None  # speech end of the pause now running (turn not over yet)
+        self._prefetch_due = False  # this pause has lasted long enough for a prefetch (``prefetch_at``)
 
     def set_load(self, estimate: LoadEstimate) -> None:
         """The controller's new estimate (``app.live.au`` calls it): the answer being shown follows its
@@ -88,8 +89,8 @@ class Responses:
         self._turn_words[(tok.utterance, tok.index)] = (tok.start, tok.end, tok.text)
         if self._unanswered_end is not None and self._heard_until(self._unanswered_end):
             self._end_turn(self._unanswered_end)
-        elif self._pause_pts is not None and (self._prefetch is None
-                                              or self._prefetch[3] != self._turn_text(self._pause_pts)):
+        elif self._pause_pts is not None and self._prefetch_due and (
+                self._prefetch is None or self._prefetch[3] != self._turn_text(self._pause_pts)):
             self._prefetch_response(self._pause_pts)  # the words reached the pause, or changed: (re)send
 
     def utterance_end(self, pts: float, text: str, utterance: int) -> None:
@@ -112,14 +113,16 @@ class Responses:
         if self.turns is None or Stage.RESPONSE in self.host.degraded:
             return
         for ev in self.turns.feed(chunk, self._turn_text()):
-            if ev.kind == "pause":
+            if ev.kind in ("pause", "speak"):
                 self._pause_pts = ev.pts
-                self._prefetch_response(ev.pts)
+                if ev.kind == self.prefetch_at and not self._prefetch_due:
+                    self._prefetch_due = True
+                    self._prefetch_response(ev.pts)
             elif ev.kind == "resume":
-                self._pause_pts = None
+                self._pause_pts, self._prefetch_due = None, False
                 self._drop_prefetch()
             else:
-                self._pause_pts = None
+                self._pause_pts, self._prefetch_due = None, False
                 self._end_turn(ev.pts)
 
     def _turn_text(self, until: float = math.inf) -> str:
@@ -135,17 +138,21 @@ class Responses:
         return bool(ends) and max(ends) >= pts - HEARD_SLACK_S
 
     @property
-    def prefetches(self) -> bool:
-        """Answers start at a pause: a responder with a network TTFT overlaps it with the rest of the
-        silence, and a spoken answer its first phrase's synthesis (the hold is reported, docs/LST.md)."""
-        return self.responder.prefetch or self.player is not None
+    def prefetch_at(self) -> str | None:
+        """The turn event at which an answer starts ahead of the turn's end (held until then; the hold is
+        reported, docs/LST.md): ``pause`` for a responder with a network TTFT, which overlaps it with the
+        rest of the silence; ``speak`` for an instant one whose answer is spoken (its first phrase's
+        synthesis overlaps it); None otherwise."""
+        if self.responder.prefetch:
+            return "pause"
+        return "speak" if self.player is not None else None
 
     def _prefetch_response(self, pts: float) -> None:
         """Speech paused after words that can end a sentence: send the request now, hold its tokens
         and its speech until the turn is over."""
         text = self._turn_text(pts)
         self._drop_prefetch()
-        if not self.prefetches or not text or looks_unfinished(text) or not self._heard_until(pts):
+        if self.prefetch_at is None or not text or looks_unfinished(text) or not self._heard_until(pts):
             return
         gate = asyncio.Event()
         task = self.host.spawn(self._respond(text, pts, self._turn_utterance(), gate), Stage.RESPONSE_PREFETCH)

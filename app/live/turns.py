@@ -7,6 +7,9 @@ session runs this small detector on its audio as it arrives (a Silero VAD window
 
 * ``pause``: speech stopped ``pause_s`` ago — the responder's request may start now (prefetch), its
   tokens held back until the turn is over, so its own TTFT overlaps the rest of the silence;
+* ``speak``: speech stopped ``speak_s`` ago — a spoken answer may be synthesized now, held until the
+  turn is over, so its first phrase is ready at the end; later than ``pause`` because synthesis is CPU
+  work, and the short pauses inside a sentence (0.1-0.2 s) would waste it;
 * ``resume``: speech came back before the turn was over — drop the prefetched request;
 * ``end``: the silence is long enough for what was said: ``end_s`` after words that can end a
   sentence, ``unfinished_end_s`` after a word that rarely ends one ("to", "the", "and", ...), so a
@@ -41,17 +44,20 @@ class TurnConfig:
     end_s: float = 0.3  # a little over the ASR's endpoint silence (0.25 s): never cuts a turn the ASR would not
     unfinished_end_s: float = 0.6
     vad_threshold: float = 0.5
+    speak_s: float = 0.2  # festival's first phrase takes ~50-100 ms: ready by end_s
 
     def __post_init__(self) -> None:
         if not 0 < self.pause_s <= self.end_s <= self.unfinished_end_s:
             raise ValueError(f"need 0 < pause_s <= end_s <= unfinished_end_s, got {self}")
+        if not self.pause_s <= self.speak_s <= self.end_s:
+            raise ValueError(f"need pause_s <= speak_s <= end_s, got {self}")
 
 
 @dataclass(frozen=True)
 class TurnEvent:
     """``pts``: where the user's speech stopped (pause, end) or started again (resume)."""
 
-    kind: Literal["pause", "resume", "end"]
+    kind: Literal["pause", "speak", "resume", "end"]
     pts: float
 
 
@@ -73,6 +79,7 @@ class TurnDetector:
         self._vad = StreamingVAD(VADConfig(threshold=self.config.vad_threshold, min_silence_s=self.config.pause_s))
         self._started = False
         self._paused_at: float | None = None  # speech end of the pause now running
+        self._spoke = False  # ``speak`` was said for this pause
 
     def feed(self, chunk: AudioChunk, text: str) -> list[TurnEvent]:
         if not self._started:
@@ -81,12 +88,18 @@ class TurnDetector:
         out: list[TurnEvent] = []
         for ev in self._vad.feed(chunk.samples):
             if ev.kind == "end":
-                self._paused_at = ev.pts
+                self._paused_at, self._spoke = ev.pts, False
                 out.append(TurnEvent("pause", ev.pts))
             elif self._paused_at is not None:
                 self._paused_at = None
                 out.append(TurnEvent("resume", ev.pts))
-        if self._paused_at is not None and self._vad.pts - self._paused_at >= end_silence(text, self.config) - 1e-9:
+        if self._paused_at is None:
+            return out
+        silent = self._vad.pts - self._paused_at
+        if not self._spoke and silent >= self.config.speak_s - 1e-9:
+            self._spoke = True
+            out.append(TurnEvent("speak", self._paused_at))
+        if silent >= end_silence(text, self.config) - 1e-9:
             out.append(TurnEvent("end", self._paused_at))
             self._paused_at = None
         return out
