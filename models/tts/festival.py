@@ -49,9 +49,10 @@ VOICES: dict[str, str] = {
 #: Each voice's own rate at speed 1: spoken words per minute from its first word's onset to its last
 #: word's end, over bench/tts.py's answer sentences.
 NATURAL_WPM: dict[str, float] = {"slt_hts": 191.0, "kal_diphone": 208.0, "ked_diphone": 209.0}
-#: Festival's leading silence is cut to this much (its own is ~165 ms, heard as latency: an answer's
-#: first sound is its voice-to-voice latency; between phrases the trailing pause is the gap).
-LEAD_SILENCE_S = 0.01
+#: Festival's leading silence is cut to this much (its own is ~165 ms, heard as latency). Not less: with
+#: 10 ms the echo canceller locked a delay 0.2 s into answers of a load-test session with no echo at
+#: all (GCC-PHAT over windows one side of which is mostly silence) and ate the user's next words.
+LEAD_SILENCE_S = 0.05
 _STARTUP_TIMEOUT_S = 20.0
 
 _PRELUDE = """(defvar hts_engine_params nil)
