@@ -1,10 +1,10 @@
 """The response stage: when the user's turn ends, answer it, paced at the current load's policy.
 
 A turn ends at the turn detector's decision (``app.live.turns``: silence after words that can end a
-sentence) or, without one, at the ASR's endpoint. A responder with a network TTFT, and any answer
-that is spoken, gets the request at the pause already (a prefetch): its tokens, and the speech already
-synthesized from them, are held until the turn really ends. Each answer is metered for LST
-(docs/LST.md) and streamed as ``response`` events.
+sentence) or, without one, at the ASR's endpoint. A responder with a network TTFT gets the request at
+the pause already, and an instant one whose answer is spoken a little later (``speak``): a prefetch,
+whose tokens, and the speech already synthesized from them, are held until the turn really ends. Each
+answer is metered for LST (docs/LST.md) and streamed as ``response`` events.
 
 Where the session speaks its answers (``app.live.answer``), the responder's raw tokens are read as
 they arrive and teed to the synthesizer before the pacer, the answer lasts until its audio has
