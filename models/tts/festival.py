@@ -51,7 +51,8 @@ VOICES: dict[str, str] = {
 NATURAL_WPM: dict[str, float] = {"slt_hts": 191.0, "kal_diphone": 208.0, "ked_diphone": 209.0}
 #: Festival's leading silence is cut to this much (its own is ~165 ms, heard as latency). Not less: with
 #: 10 ms the echo canceller locked a delay 0.2 s into answers of a load-test session with no echo at
-#: all (GCC-PHAT over windows one side of which is mostly silence) and ate the user's next words.
+#: all (GCC-PHAT matched the clip's sync click, in the peer's silence, with the answer's first sound)
+#: and ate the user's next words.
 LEAD_SILENCE_S = 0.05
 _STARTUP_TIMEOUT_S = 20.0
 
