@@ -233,31 +233,23 @@ class Responses:
         reason: AnswerEnd | None = AnswerEnd.BARGE_IN if gate is None else None  # if cancelled
         released = gate is None  # a prefetch is under way (not dropped) once its gate opens
 
-        async def read() -> AsyncIterator[str]:
+        def speak(word: str) -> None:  # synthesized now, heard once released (a prefetch's first phrase is ready)
             nonlocal voice
-            context = Conversation(tuple(self.history), self._load)
-            async for word in metered.words(text, context=context):
-                if player is not None:  # synthesized now, heard once released (a prefetch's first phrase is ready)
-                    if voice is None:
-                        voice = player.prepare(utterance, speech_end_pts, lambda: self.policy or policy,
-                                               metered.turn)
-                    voice.feed(" " + word if heard else word)
-                heard.append(word)
-                yield word
+            if voice is None and player is not None:
+                voice = player.prepare(utterance, speech_end_pts, lambda: self.policy or policy, metered.turn)
+            if voice is not None:
+                voice.feed(" " + word if heard else word)
+            heard.append(word)
 
-        async def gated(words: AsyncIterator[str]) -> AsyncIterator[str]:
+        def release() -> None:
             nonlocal reason, released
-            async for word in words:
-                if gate is not None and not gate.is_set():
-                    await gate.wait()
-                released = True
-                reason = AnswerEnd.BARGE_IN  # shown from now on: a cancel cuts the answer short
-                self._pacer = pacer  # the answer now being shown follows load changes
-                if voice is not None and player is not None:
-                    player.release(voice)
-                yield word
+            released, reason = True, AnswerEnd.BARGE_IN  # shown from now on: a cancel cuts the answer short
+            self._pacer = pacer  # the answer now being shown follows load changes
+            if voice is not None and player is not None:
+                player.release(voice)
 
-        source = gated(read() if player is None else _eager(read()))
+        words = self._read(metered, text, speak)
+        source = _gated(words if player is None else _eager(words), gate, release)
         try:
             async for tok in pacer.pace(source):
                 # the first word's LST timing only now: an answer still streaming keeps its own ITLs
@@ -298,6 +290,12 @@ class Responses:
         if (heard and released) or reason is AnswerEnd.ERROR:
             self._answered(text, voice, reason or AnswerEnd.ERROR, shown)
 
+    async def _read(self, metered: MeteredAnswer, text: str, tee: Callable[[str], None]) -> AsyncIterator[str]:
+        """The responder's words for ``text`` in this conversation, each handed to ``tee`` as it is read."""
+        async for word in metered.words(text, context=Conversation(tuple(self.history), self._load)):
+            tee(word)
+            yield word
+
     def _answered(self, user: str, voice: Answer | None, reason: AnswerEnd, shown: list[str]) -> None:
         """An answer ended: keep what was delivered in the history, say how it ended."""
         if voice is not None and not voice.failed:
@@ -312,6 +310,16 @@ class Responses:
                 return
             self.observer.answer_ended(str(reason))
             self.host.emit(ResponseEndEvent(outcome))
+
+
+async def _gated(words: AsyncIterator[str], gate: asyncio.Event | None, release: Callable[[], None],
+                 ) -> AsyncIterator[str]:
+    """``words``, the first held until ``gate`` opens (a prefetch; none: at once); ``release`` before each."""
+    async for word in words:
+        if gate is not None and not gate.is_set():
+            await gate.wait()
+        release()
+        yield word
 
 
 async def _eager(tokens: AsyncIterator[str]) -> AsyncIterator[str]:
