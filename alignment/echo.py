@@ -328,6 +328,19 @@ class EchoCanceller:
         self._candidate = lag
 
     @property
+    def settled(self) -> bool:
+        """What the mic holds of the answer's echo is known: past the span where the current answer's echo may be
+        first arriving (its first sound + ``max_delay_s`` + ``return_slack_s``), with a lock whose filter cancels or
+        with no lock and the mic's bound in force. Otherwise (the prior, or a lock not yet trusted) a short burst
+        of residual echo can pass for speech."""
+        if self._answer_sound is None:
+            return False
+        span = (self.config.max_delay_s + self.config.return_slack_s) * SAMPLE_RATE
+        if self._mic_end - self._answer_sound <= span:
+            return False
+        return self.trusted if self.delay is not None else not self._prior_holds
+
+    @property
     def suspect(self) -> bool:
         """The mic rose where this answer's echo could be first arriving under a bound carried from earlier answers
         with none: what it hears may be that echo, not the user, until ``_watch_return`` decides."""

@@ -38,6 +38,10 @@ class BargeInConfig:
 
     min_speech_s: float = 0.096
     threshold: float = 0.6
+    #: once the canceller has settled on the answer's echo (``EchoCanceller.settled``), this much of the stretch
+    #: at ``sure_threshold`` or more fires at once (short noise bursts held 0.6-0.86 for that long)
+    sure_speech_s: float = 0.064
+    sure_threshold: float = 0.9
     max_gap_windows: int = 0
     min_level_db: float = -50.0  # a speech window must be at least this loud (RMS, dBFS) after cleaning
     echo: EchoConfig = EchoConfig()
@@ -57,6 +61,7 @@ class BargeInDetector:
         self._answering = False
         self._onset: float | None = None
         self._speech_windows = 0
+        self._sure = 0  # consecutive windows at sure_threshold or more
         self._gap = 0
         self._fired = False
         self._echo_reset = False
@@ -79,6 +84,7 @@ class BargeInDetector:
             self._fired = False
             self._echo_reset = False
             self._onset = None
+            self._sure = 0
             self._pending = np.zeros(0, np.float32)
             if self._vad is None:
                 self._vad = StreamingVAD(VADConfig(threshold=self.config.threshold), t0=chunk.pts)
@@ -97,12 +103,16 @@ class BargeInDetector:
         buf = np.concatenate([self._pending, np.asarray(clean.samples, np.float32)])
         n = buf.size // WINDOW
         need = max(1, int(np.ceil(self.config.min_speech_s / WINDOW_S - 1e-9)))
+        need_sure = max(1, int(np.ceil(self.config.sure_speech_s / WINDOW_S - 1e-9))) if self.canceller.settled \
+            else need + 1
         hit: BargeIn | None = None
         for i in range(n):
             t = self._t + i * WINDOW_S
             win = buf[i * WINDOW : (i + 1) * WINDOW]
             loud = float(np.mean(win * win)) >= self._min_power
-            if vad.probability(win) >= self.config.threshold and loud:
+            p = vad.probability(win)  # every window: the VAD's state runs on
+            self._sure = self._sure + 1 if loud and p >= self.config.sure_threshold else 0
+            if loud and p >= self.config.threshold:
                 if self._onset is None:
                     self._onset, self._speech_windows = t, 0
                 self._speech_windows += 1
@@ -113,7 +123,8 @@ class BargeInDetector:
                     self._onset = None
             if self.canceller.returned and not self._echo_reset:  # what was heard while unsure was echo
                 self._onset, self._echo_reset = None, True
-            if hit is None and self._onset is not None and self._speech_windows >= need and not self.canceller.suspect:
+            sustained = self._speech_windows >= need or self._sure >= need_sure
+            if hit is None and self._onset is not None and sustained and not self.canceller.suspect:
                 hit = BargeIn(self._onset)
                 self._fired = True
                 break

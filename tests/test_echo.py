@@ -311,3 +311,20 @@ def test_a_traced_detector_replays_to_the_same_barge_in(tmp_path):
     heard = read_trace(tmp_path / "listen.pkl")
     assert sum(r[0] == "mic" for r in heard) == sum(r[0] == "mic" for r in records)
     assert sum(r[0] == "played" for r in heard) > sum(r[0] == "played" for r in records)
+
+
+def test_the_canceller_settles_on_an_answer_only_once_its_echo_could_have_arrived():
+    """The barge-in detector asks for less speech once the canceller has settled (``EchoCanceller.settled``):
+    not while the answer's echo may still be first arriving, nor before a window has bounded what echoes (its
+    first window that saw the answer at every delay ends ~0.75 s in)."""
+    rng = np.random.default_rng(0)
+    canceller = EchoCanceller()
+    canceller.played(0.0, (0.1 * rng.standard_normal(2 * SAMPLE_RATE)).astype(np.float32))
+    settled = []
+    for k in range(100):  # 2 s of a mic with a noise floor and no echo
+        canceller.process(AudioChunk(k * 0.02, (1e-3 * rng.standard_normal(320)).astype(np.float32)))
+        settled.append(canceller.settled)
+    first = settled.index(True)
+    span = EchoConfig().max_delay_s + EchoConfig().return_slack_s
+    assert span < (first + 1) * 0.02 <= 1.0 and all(settled[first:])
+    assert canceller.delay is None
