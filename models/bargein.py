@@ -4,7 +4,9 @@ Every mic chunk goes through the echo canceller while echo may arrive (the clean
 the ASR and the turn detector, so the echo yields no user words). While an answer is playing the
 cleaned audio is also classified by the Silero VAD: a speech onset sustained for
 ``min_speech_s`` of speech-like windows is a barge-in, stamped with the onset. A cough or a slam is
-short or not speech-like and does not hold that long. Outside answers nothing is classified and,
+short or not speech-like and does not hold that long. Once the canceller has settled on the answer's echo,
+a shorter stretch of sure speech fires too: there residual echo no longer passes for speech, and a
+noise burst rarely looks that sure. Outside answers nothing is classified and,
 once no echo can arrive, the chunk is returned as it came.
 """
 
@@ -47,7 +49,8 @@ class BargeInConfig:
     echo: EchoConfig = EchoConfig()
 
     def __post_init__(self) -> None:
-        if self.min_speech_s < 0 or not 0 < self.threshold < 1 or self.max_gap_windows < 0:
+        if self.min_speech_s < 0 or self.sure_speech_s < 0 or not 0 < self.threshold <= self.sure_threshold < 1 \
+                or self.max_gap_windows < 0:
             raise ValueError(f"bad barge-in config: {self}")
 
 
