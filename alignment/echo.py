@@ -57,8 +57,9 @@ class EchoConfig:
     trust_erle_db: float = 1.0  # the locked delay narrows the suppressor only once the filter cancels this much
     distrust_db: float = 3.0  # ... and stops narrowing it while the filter's output is this much louder than the mic
     #: a lock whose filter has not been trusted over this much played audio is dropped: no echo comes back at that
-    #: delay (live, with no echo in the session, a wrong lock left the coupling unbounded for good)
-    untrusted_s: float = 4.0
+    #: delay, or not yet in a form the filter can cancel (live, with no echo in the session, a wrong lock left the
+    #: coupling unbounded for good; on live echo traces a stale untrusted lock let echo through: BENCHMARKS.md)
+    untrusted_s: float = 1.5
     #: this many consecutive estimates within coarse_tol_s make a coarse delay; 0 (off): in a clean live run of
     #: bench/voice.py it let the echo interrupt 7 % of answers (BENCHMARKS.md, spoken answers)
     coarse_votes: int = 0
