@@ -328,3 +328,17 @@ def test_the_canceller_settles_on_an_answer_only_once_its_echo_could_have_arrive
     span = EchoConfig().max_delay_s + EchoConfig().return_slack_s
     assert span < (first + 1) * 0.02 <= 1.0 and all(settled[first:])
     assert canceller.delay is None
+
+
+def test_sure_speech_once_settled_stops_the_answer_sooner_and_never_later():
+    """Past the answer's echo-arrival span, two windows of sure speech fire; otherwise the longer stretch applies
+    (``EchoCanceller.settled``). The espeak-ng user's onsets read sure at once; the festival user's do not."""
+    gains = {}
+    for seed, user in ((3, 1), (7, 1), (5, 0), (9, 0)):
+        scene = es.make_scene(np.random.default_rng(seed), es.TUNE_ANSWERS[seed % 3], user=es.TUNE_USERS[user])
+        _, _, sure, _ = run_scene(scene, BargeInDetector())
+        _, _, longer, _ = run_scene(scene, BargeInDetector(BargeInConfig(sure_speech_s=0.2)))
+        assert sure is not None and longer is not None
+        gains[(seed, user)] = round(longer - sure, 3)
+    assert min(gains.values()) >= 0, f"fired later: {gains}"
+    assert gains[(3, 1)] >= 0.03 and gains[(7, 1)] >= 0.03, f"fired sooner by {gains} s"
