@@ -216,6 +216,8 @@ class EchoCanceller:
         self._return_check = DelayEstimator(cfg.max_delay_s, cfg.return_window_s)
         self._next_return_check = 0
         self._answer_sound: int | None = None  # the sample the current answer's first sound was played at
+        #: samples after an answer's first sound within which its echo may be first reaching the mic
+        self._arrival_span = int((cfg.max_delay_s + cfg.return_slack_s) * SAMPLE_RATE)
         self._mic_since = 0  # the mic ring holds every chunk from here on
         self._delay_est = DelayEstimator(cfg.max_delay_s, cfg.delay_window_s)
         self.delay: int | None = None  # bulk delay in samples, once locked
@@ -334,10 +336,7 @@ class EchoCanceller:
         first arriving (its first sound + ``max_delay_s`` + ``return_slack_s``), with a lock whose filter cancels or
         with no lock and the mic's bound in force. Otherwise (the prior, or a lock not yet trusted) a short burst
         of residual echo can pass for speech."""
-        if self._answer_sound is None:
-            return False
-        span = (self.config.max_delay_s + self.config.return_slack_s) * SAMPLE_RATE
-        if self._mic_end - self._answer_sound <= span:
+        if self._answer_sound is None or self._mic_end - self._answer_sound <= self._arrival_span:
             return False
         return self.trusted if self.delay is not None else not self._prior_holds
 
@@ -359,7 +358,6 @@ class EchoCanceller:
         if end < self._next_return_check:
             return
         self._next_return_check = end + int(cfg.return_every_s * SAMPLE_RATE)
-        span = int((cfg.max_delay_s + cfg.return_slack_s) * SAMPLE_RATE)
         if self._suspect_until is not None:
             lag, conf = self._return_check.estimate(
                 self._mic.read(end - self._return_check.win * _DECIM, end),
@@ -375,7 +373,7 @@ class EchoCanceller:
         if not self._cap_first:  # this answer's first window bounded the coupling already
             self._watching = False
             return
-        if self._answer_sound is not None and end - self._answer_sound > span:
+        if self._answer_sound is not None and end - self._answer_sound > self._arrival_span:
             # no echo came back in time: the carried bound is this answer's, and what rises now is someone else
             # (whose voice must not set the bound as an answer's first window would)
             self._watching = self._cap_first = False

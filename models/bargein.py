@@ -71,6 +71,8 @@ class BargeInDetector:
         self._pending = np.zeros(0, np.float32)
         self._t = 0.0
         self._min_power = 10 ** (self.config.min_level_db / 10)
+        self._need = max(1, int(np.ceil(self.config.min_speech_s / WINDOW_S - 1e-9)))  # speech-like windows
+        self._need_sure = max(1, int(np.ceil(self.config.sure_speech_s / WINDOW_S - 1e-9)))  # sure ones, once settled
 
     def played(self, pts: float, samples: np.ndarray) -> None:
         """The answer audio as sent (16 kHz), first sample at ``pts`` on the session clock."""
@@ -105,9 +107,8 @@ class BargeInDetector:
             self._t = clean.pts
         buf = np.concatenate([self._pending, np.asarray(clean.samples, np.float32)])
         n = buf.size // WINDOW
-        need = max(1, int(np.ceil(self.config.min_speech_s / WINDOW_S - 1e-9)))
-        need_sure = max(1, int(np.ceil(self.config.sure_speech_s / WINDOW_S - 1e-9))) if self.canceller.settled \
-            else need + 1
+        need = self._need
+        need_sure = self._need_sure if self.canceller.settled else need + 1
         hit: BargeIn | None = None
         for i in range(n):
             t = self._t + i * WINDOW_S
