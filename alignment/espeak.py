@@ -63,6 +63,8 @@ class Speech:
     samples: np.ndarray = field(repr=False)
     words: tuple[TimedWord, ...]
     text: str
+    #: where the synthesizer's last phone ends (s), when it says: its trailing pause may still hold sound
+    last_phone_end: float | None = None
 
     @property
     def duration(self) -> float:

@@ -11,7 +11,9 @@ Targets (issue 35, "Must show"), each printed with PASS/FAIL:
 
 Everything is measured at an aiortc peer (``app.loadtest.peer.VoicePeer``) over loopback against a spawned
 ``synchrony serve``. The peer speaks festival kal_diphone sentences (not the answers' voice) through a
-scripted microphone, so each utterance's true end of speech is known; voice-to-voice is that instant to
+scripted microphone, so each utterance's true onset and end of speech are known: where its sound starts and
+stops, kept within festival's own first and last phone (kal's pause before a /w/ holds 200 ms of rumble at
+-39 dBFS, which by level alone read as the onset). Voice-to-voice is the end of speech to
 the first received answer packet above -40 dBFS (arrival wall time). For barge-ins the peer starts its
 next sentence 0.5–1.5 s (seeded) into an answer and times how long the answer's audio still arrives.
 With the echo path on (default; in the barge-in phase, and in the turns with ``--echo-turns``), the
@@ -82,12 +84,15 @@ SENTENCES = (
 class Said:
     text: str
     samples: np.ndarray
+    phones: tuple[float, float] | None = None  # the synthesizer's first phone start and last phone end (s)
 
 
 def voices(texts: tuple[str, ...]) -> list[Said]:
     from app.loadtest.festival import synthesize_festival
 
-    return [Said(t, synthesize_festival(t, PEER_VOICE).samples) for t in texts]
+    spoken = [synthesize_festival(t, PEER_VOICE) for t in texts]
+    return [Said(t, s.samples, None if s.last_phone_end is None else (s.words[0].start, s.last_phone_end))
+            for t, s in zip(texts, spoken, strict=True)]
 
 
 def camera(n: int = 16, size: tuple[int, int] = (320, 180)) -> list[np.ndarray]:
@@ -169,7 +174,7 @@ class Run:
             if self.left() <= 0:
                 break
             s = sentences[i % len(sentences)]
-            utt = self.peer.say(s.samples, s.text)
+            utt = self.peer.say(s.samples, s.text, phones=s.phones)
             self.phase_of[len(self.peer.said) - 1] = "turn"
             await asyncio.sleep(max(utt.end - self.peer.mic.now_s, 0.0))
             rec = await self._until(lambda u=utt: self._answer_after(u.onset), 8.0)
@@ -189,7 +194,7 @@ class Run:
         self.peer.mic.echo = self.echo
         made = 0
         s = sentences[0]
-        utt = self.peer.say(s.samples, s.text)
+        utt = self.peer.say(s.samples, s.text, phones=s.phones)
         self.phase_of[len(self.peer.said) - 1] = "barge"
         k = 1
         while made < n and self.left() > 0:
@@ -207,7 +212,7 @@ class Run:
                     made += 1
             s = sentences[k % len(sentences)]
             k += 1
-            utt = self.peer.say(s.samples, s.text, barge_in=first is not None)
+            utt = self.peer.say(s.samples, s.text, barge_in=first is not None, phones=s.phones)
             self.phase_of[len(self.peer.said) - 1] = "barge"
         await asyncio.sleep(max(utt.end - self.peer.mic.now_s, 0.0))
         await self._until(lambda: self._quiet_since(1.0), 15.0)
@@ -363,7 +368,7 @@ def write_truth(folder: Path, utterances: list[Any], said: list[Said]) -> None:
         x = audio[u.text]
         span = speech_span(x, SAMPLE_RATE)
         x = x[span[0]:span[1]] if span else x
-        i = int(round(u.onset * SAMPLE_RATE))
+        i = int(round((u.onset if u.sent_at is None else u.sent_at) * SAMPLE_RATE))
         voice[i:i + len(x)] += x[: max(len(voice) - i, 0)]
     np.savez_compressed(Path(folder) / "truth.npz", onset=[u.onset for u in utterances],
                         end=[u.end for u in utterances], barge_in=[u.barge_in for u in utterances], voice=voice)
@@ -399,7 +404,8 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> int:
           f"server-side (VAD end → first audio handed to the track) p50 {fmt(pct(server_v2v, .5))}")
     print(f"  barge-in stop (onset → answer audio silent at the peer): n={len(stops)} of {len(barged)} "
           f"p50 {fmt(pct(stops, .5))}, p99 {fmt(pct(stops, .99))}, max {fmt(max(stops) if stops else None)}; "
-          f"answers ended by barge_in: {sum(f['reason'] == 'barge_in' for f in figs)}")
+          f"answers ended by barge_in: {sum(f['reason'] == 'barge_in' for f in figs)}; fired before the onset "
+          f"(on sound before the first phone): {sum(f['fired_ms'] is not None and f['fired_ms'] < 0 for f in barged)}")
     both = [(f["fired_ms"], f["stop_ms"]) for f in figs if f["fired_ms"] is not None and f["stop_ms"] is not None]
     fired, tail = [a for a, _ in both], [b - a for a, b in both]
     print(f"    breakdown over {len(both)}: onset → detector fired (response_end at the peer) "

@@ -119,6 +119,31 @@ def test_speech_span_skips_a_hissing_leading_pause():
     assert ans.speech_span(np.zeros(1600), SAMPLE_RATE) is None
 
 
+async def test_the_truth_of_what_the_mic_says_stays_within_the_synthesizers_phones():
+    """festival kal_diphone's pause before a /w/ holds ~200 ms of rumble within 40 dB of the loudest window:
+    by level alone the onset lands in the pause. Bounded by the synthesizer's phones it does not, and the
+    sent audio is the same."""
+    from app.loadtest import festival
+    from app.loadtest.peer import _Start
+
+    if not festival.available("kal_diphone"):
+        pytest.skip("festival voice kal_diphone is not installed (make system)")
+    speech = festival.synthesize_festival("what is the weather like today", "kal_diphone")
+    first, last = speech.words[0].start, speech.last_phone_end
+    assert last is not None and first < last < speech.duration
+    a, b = ans.speech_span(speech.samples, SAMPLE_RATE)
+    assert a / SAMPLE_RATE < first - 0.15  # the level alone puts the onset in the pause
+    mic = ScriptedMic(_Start())
+    plain = mic.say(speech.samples, speech.text, at_s=0.1)
+    bounded = mic.say(speech.samples, speech.text, at_s=5.0, phones=(first, last))
+    assert plain.onset == plain.sent_at == pytest.approx(0.1, abs=1 / AUDIO_RATE)
+    assert bounded.sent_at == pytest.approx(5.0, abs=1 / AUDIO_RATE)
+    assert bounded.onset - bounded.sent_at == pytest.approx(first - a / SAMPLE_RATE, abs=1e-3)
+    assert bounded.end - bounded.sent_at <= min(b, round(last * SAMPLE_RATE)) / SAMPLE_RATE - a / SAMPLE_RATE + 1e-3
+    assert plain.end - plain.onset == pytest.approx((b - a) / SAMPLE_RATE, abs=2e-3)  # the same audio is sent
+    mic.stop()
+
+
 def test_wer_counts_edits_over_reference_words():
     assert ans.wer("the cat sat".split(), "the cat sat".split()) == (0, 3)
     assert ans.wer("the cat sat".split(), "a cat sat down".split()) == (2, 3)

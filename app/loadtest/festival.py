@@ -38,6 +38,9 @@ _SCRIPT = """({voice})
   (let ((syl (item.relation.daughter1 w 'SylStructure)))
     (if syl (format t "WORD\\t%s\\t%f\\n" (item.name w) (item.feat (item.daughter1 syl) "segment_start")))))
   (utt.relation.items utt 'Word))
+(mapcar (lambda (s)
+  (if (not (string-equal (item.name s) "pau")) (format t "PHONE_END\\t%f\\n" (item.feat s "end"))))
+  (utt.relation.items utt 'Segment))
 """
 _SAFE = re.compile(r"[^a-zA-Z' ]+")
 
@@ -71,10 +74,12 @@ def synthesize_festival(text: str, voice: str = "slt_hts", lead_in_s: float = 0.
             rate = fh.getframerate()
             pcm = np.frombuffer(fh.readframes(fh.getnframes()), dtype=np.int16)
     audio = resample(pcm.astype(np.float32) / 32768.0, rate, SAMPLE_RATE)
-    words = []
+    words, phone_ends = [], []
     for line in out.splitlines():
         parts = line.split("\t")
         if len(parts) == 3 and parts[0] == "WORD":
             words.append(TimedWord(parts[1], float(parts[2]) + lead_in_s))
+        elif len(parts) == 2 and parts[0] == "PHONE_END":
+            phone_ends.append(float(parts[1]) + lead_in_s)
     lead = np.zeros(int(round(lead_in_s * SAMPLE_RATE)), np.float32)
-    return Speech(np.concatenate([lead, audio]), tuple(words), clean)
+    return Speech(np.concatenate([lead, audio]), tuple(words), clean, max(phone_ends, default=None))

@@ -483,9 +483,10 @@ class VoicePeer(WhipPeer):
         return self.audio_track
 
     def say(self, samples16k: np.ndarray, text: str = "", at_s: float | None = None,
-            barge_in: bool = False) -> Utterance:
-        """Schedule an utterance (16 kHz); returns its true onset and end of speech on the peer clock."""
-        utt = self.mic.say(samples16k, text, at_s, barge_in)
+            barge_in: bool = False, phones: tuple[float, float] | None = None) -> Utterance:
+        """Schedule an utterance (16 kHz); returns its true onset and end of speech on the peer clock
+        (``ScriptedMic.say``: ``phones`` bounds them by the synthesizer's own phones)."""
+        utt = self.mic.say(samples16k, text, at_s, barge_in, phones)
         self.said.append(utt)
         return utt
 

@@ -51,6 +51,7 @@ class Utterance:
     onset: float
     end: float
     barge_in: bool = False  # said on purpose during an answer
+    sent_at: float | None = None  # its first sent sample (before ``onset`` when sound preceded its first phone)
 
 
 @dataclass
@@ -237,11 +238,14 @@ class ScriptedMic(MediaStreamTrack):
         return self._n * AUDIO_FRAME / AUDIO_RATE
 
     def say(self, samples16k: np.ndarray, text: str = "", at_s: float | None = None,
-            barge_in: bool = False) -> Utterance:
+            barge_in: bool = False, phones: tuple[float, float] | None = None) -> Utterance:
         """Schedule 16 kHz speech to start at peer time ``at_s`` (default: 60 ms from now); its truth.
 
         The samples are trimmed to their speech first (``answers.speech_span``: 5 ms windows within 40 dB
-        of the loudest), so onset and end of speech are where the sound starts and stops.
+        of the loudest), so onset and end of speech are where the sound starts and stops. ``phones``: where
+        the synthesizer's first phone starts and its last one ends (s into ``samples16k``); the truth stays
+        within them, since a synthesizer's pause can hold sound that is not speech (festival kal_diphone's
+        pause before a /w/ holds 200 ms of rumble at -39 dBFS, within 40 dB of its loudest window).
         """
         from app.loadtest.testmedia import resample
 
@@ -249,12 +253,18 @@ class ScriptedMic(MediaStreamTrack):
         span = ans.speech_span(x, SAMPLE_RATE)
         if span is None:
             raise ValueError("nothing to say: the samples are silent")
+        first, stop = span
+        if phones is not None:
+            first = min(max(first, int(round(phones[0] * SAMPLE_RATE))), stop)
+            stop = max(min(stop, int(round(phones[1] * SAMPLE_RATE))), first)
         x = x[span[0] : span[1]]
         pcm = resample(x, SAMPLE_RATE, AUDIO_RATE).astype(np.float32)
         earliest = (self._n + 3) * AUDIO_FRAME
         begin = max(int(round((at_s if at_s is not None else self.now_s + 0.06) * AUDIO_RATE)), earliest)
         self._queue.append((begin, pcm))
-        return Utterance(text, begin / AUDIO_RATE, (begin + len(pcm)) / AUDIO_RATE, barge_in)
+        sent = begin / AUDIO_RATE
+        return Utterance(text, sent + (first - span[0]) / SAMPLE_RATE, sent + (stop - span[0]) / SAMPLE_RATE,
+                         barge_in, sent)
 
     @property
     def speaking_until(self) -> float:
