@@ -29,9 +29,10 @@ async def run(voice: object, seconds: float, period: float | None) -> tuple[floa
 
     from alignment.clock import SessionClock
     from alignment.types import TokenRatePolicy
-    from app.live.answer import AnswerPlayer, _LocalHost, _Quiet
+    from app.live.answer import AnswerPlayer
     from app.live.stages import AnswerConfig
     from app.live.video_encoder import LeanVp8Encoder
+    from app.live.warm_answer import _LocalHost, _Quiet
     from models.responders import AssistantResponder
 
     host, clock = _LocalHost(), SessionClock()
