@@ -144,6 +144,23 @@ async def test_the_truth_of_what_the_mic_says_stays_within_the_synthesizers_phon
     mic.stop()
 
 
+def test_the_loop_clip_keeps_no_sound_before_festivals_first_phone():
+    """The load test's loop clip is gated the same way: the rumble in kal_diphone's pause before a /w/ is not
+    kept as the utterance's onset (its Level-3 onset check would fail every loop's first word)."""
+    from app.loadtest import festival, testmedia
+    from app.loadtest.loopclip import _gate_pauses
+
+    if not festival.available("kal_diphone"):
+        pytest.skip("festival voice kal_diphone is not installed (make system)")
+    speech = testmedia.speak("what is the weather like today", "festival:kal_diphone", lead_in_s=0.6)
+    assert np.abs(speech.samples[int(0.62 * SAMPLE_RATE) : int(0.75 * SAMPLE_RATE)]).max() > 5e-3  # the rumble
+    gated = _gate_pauses(speech).samples
+    first = int(round((speech.words[0].start - 0.01) * SAMPLE_RATE))
+    assert not gated[:first].any() and gated[first : first + SAMPLE_RATE // 10].any()
+    assert speech.last_phone_end is not None
+    assert not gated[int(round((speech.last_phone_end + 0.011) * SAMPLE_RATE)) :].any()
+
+
 def test_wer_counts_edits_over_reference_words():
     assert ans.wer("the cat sat".split(), "the cat sat".split()) == (0, 3)
     assert ans.wer("the cat sat".split(), "a cat sat down".split()) == (2, 3)

@@ -55,7 +55,9 @@ def _gate_pauses(speech: Speech) -> Speech:
 
     festival's pauses hiss at about -60 dBFS; after the clip's digitally silent lead-in that step reads
     as the utterance's acoustic onset (``alignment.onsets``) 200+ ms before its first word's sound, and
-    every loop's first word would fail its Level-3 onset check. espeak-ng's pauses are silent already.
+    every loop's first word would fail its Level-3 onset check. The sound kept is also within festival's
+    first and last phone: kal_diphone's pause before a /w/ holds 200 ms of rumble at -39 dBFS, loud enough
+    to pass the level test. espeak-ng's pauses are silent already.
     """
     from alignment.types import SAMPLE_RATE
     from app.loadtest.answers import speech_span
@@ -64,9 +66,13 @@ def _gate_pauses(speech: Speech) -> Speech:
     span = speech_span(x, SAMPLE_RATE)
     if span is None:
         return speech
+    first, stop = span
+    if speech.last_phone_end is not None and speech.words:
+        first = max(first, int(round(speech.words[0].start * SAMPLE_RATE)))
+        stop = max(min(stop, int(round(speech.last_phone_end * SAMPLE_RATE))), first)
     margin = SAMPLE_RATE // 100
-    x[: max(span[0] - margin, 0)] = 0.0
-    x[span[1] + margin :] = 0.0
+    x[: max(first - margin, 0)] = 0.0
+    x[stop + margin :] = 0.0
     return replace(speech, samples=x)
 
 
