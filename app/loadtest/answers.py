@@ -88,10 +88,14 @@ def stop_latency(onset: float, packets: Sequence[Packet], before: float = math.i
     return None if last is None else last.wall + FRAME_S - onset
 
 
-def speech_span(samples: np.ndarray, rate: int, rel_db: float = -40.0, hop_s: float = 0.005) -> tuple[int, int] | None:
+def speech_span(samples: np.ndarray, rate: int, rel_db: float = -40.0, hop_s: float = 0.005,
+                within: tuple[float, float] | None = None) -> tuple[int, int] | None:
     """(first, end) sample of the speech in ``samples``: the first and last ``hop_s`` window whose RMS is
     within ``rel_db`` of the loudest one. A synthesizer's leading pause is not digital silence (festival's
-    diphone voices hiss at about -60 dBFS), so a sample threshold would put the onset in the pause."""
+    diphone voices hiss at about -60 dBFS), so a sample threshold would put the onset in the pause.
+    ``within``: where the synthesizer's first phone starts and its last one ends (s); the span is kept inside
+    them, since a pause can hold sound that is not speech (kal_diphone's pause before a /w/ holds 200 ms of
+    rumble at -39 dBFS, within 40 dB of its loudest window)."""
     x = np.asarray(samples, np.float64)
     hop = max(int(round(hop_s * rate)), 1)
     n = len(x) // hop
@@ -101,7 +105,11 @@ def speech_span(samples: np.ndarray, rate: int, rel_db: float = -40.0, hop_s: fl
     if rms.max() <= 0:
         return None
     active = np.flatnonzero(rms >= rms.max() * 10 ** (rel_db / 20))
-    return int(active[0]) * hop, min((int(active[-1]) + 1) * hop, len(x))
+    first, end = int(active[0]) * hop, min((int(active[-1]) + 1) * hop, len(x))
+    if within is not None:
+        first = min(max(first, round(within[0] * rate)), end)
+        end = max(min(end, round(within[1] * rate)), first)
+    return first, end
 
 
 # --- the avatar's mouth, read from pixels ------------------------------------------------------------

@@ -63,13 +63,12 @@ def _gate_pauses(speech: Speech) -> Speech:
     from app.loadtest.answers import speech_span
 
     x = np.array(speech.samples, np.float32)
-    span = speech_span(x, SAMPLE_RATE)
+    phones = None if speech.last_phone_end is None or not speech.words else (speech.words[0].start,
+                                                                            speech.last_phone_end)
+    span = speech_span(x, SAMPLE_RATE, within=phones)
     if span is None:
         return speech
     first, stop = span
-    if speech.last_phone_end is not None and speech.words:
-        first = max(first, int(round(speech.words[0].start * SAMPLE_RATE)))
-        stop = max(min(stop, int(round(speech.last_phone_end * SAMPLE_RATE))), first)
     margin = SAMPLE_RATE // 100
     x[: max(first - margin, 0)] = 0.0
     x[stop + margin :] = 0.0

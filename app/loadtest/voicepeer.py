@@ -244,8 +244,7 @@ class ScriptedMic(MediaStreamTrack):
         The samples are trimmed to their speech first (``answers.speech_span``: 5 ms windows within 40 dB
         of the loudest), so onset and end of speech are where the sound starts and stops. ``phones``: where
         the synthesizer's first phone starts and its last one ends (s into ``samples16k``); the truth stays
-        within them, since a synthesizer's pause can hold sound that is not speech (festival kal_diphone's
-        pause before a /w/ holds 200 ms of rumble at -39 dBFS, within 40 dB of its loudest window).
+        within them (``speech_span``'s ``within``), the audio sent does not change.
         """
         from app.loadtest.testmedia import resample
 
@@ -253,10 +252,7 @@ class ScriptedMic(MediaStreamTrack):
         span = ans.speech_span(x, SAMPLE_RATE)
         if span is None:
             raise ValueError("nothing to say: the samples are silent")
-        first, stop = span
-        if phones is not None:
-            first = min(max(first, int(round(phones[0] * SAMPLE_RATE))), stop)
-            stop = max(min(stop, int(round(phones[1] * SAMPLE_RATE))), first)
+        first, stop = span if phones is None else ans.speech_span(x, SAMPLE_RATE, within=phones) or span
         x = x[span[0] : span[1]]
         pcm = resample(x, SAMPLE_RATE, AUDIO_RATE).astype(np.float32)
         earliest = (self._n + 3) * AUDIO_FRAME
