@@ -116,6 +116,8 @@ def test_speech_span_skips_a_hissing_leading_pause():
     x[4000:12000] += 0.3 * np.sin(2 * np.pi * 200 * np.arange(8000) / 16_000).astype(np.float32)
     a, b = ans.speech_span(x, SAMPLE_RATE)
     assert abs(a - 4000) <= 80 and abs(b - 12000) <= 80
+    assert ans.speech_span(x, SAMPLE_RATE, within=(0.3, 0.6)) == (4800, 9600)  # inside the synthesizer's phones
+    assert ans.speech_span(x, SAMPLE_RATE, within=(0.0, 1.0)) == (a, b)  # phones wider than the sound: the sound
     assert ans.speech_span(np.zeros(1600), SAMPLE_RATE) is None
 
 
