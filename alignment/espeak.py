@@ -70,6 +70,11 @@ class Speech:
     def duration(self) -> float:
         return len(self.samples) / SAMPLE_RATE
 
+    @property
+    def phones(self) -> tuple[float, float] | None:
+        """(first phone's start, last phone's end) in s, where the synthesizer says both; else None."""
+        return None if self.last_phone_end is None or not self.words else (self.words[0].start, self.last_phone_end)
+
 
 class _Espeak:
     """The process-wide libespeak-ng engine (it keeps global state, so calls are serialised)."""

@@ -91,8 +91,7 @@ def voices(texts: tuple[str, ...]) -> list[Said]:
     from app.loadtest.festival import synthesize_festival
 
     spoken = [synthesize_festival(t, PEER_VOICE) for t in texts]
-    return [Said(t, s.samples, None if s.last_phone_end is None else (s.words[0].start, s.last_phone_end))
-            for t, s in zip(texts, spoken, strict=True)]
+    return [Said(t, s.samples, s.phones) for t, s in zip(texts, spoken, strict=True)]
 
 
 def camera(n: int = 16, size: tuple[int, int] = (320, 180)) -> list[np.ndarray]:

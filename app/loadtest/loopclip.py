@@ -63,9 +63,7 @@ def _gate_pauses(speech: Speech) -> Speech:
     from app.loadtest.answers import speech_span
 
     x = np.array(speech.samples, np.float32)
-    phones = None if speech.last_phone_end is None or not speech.words else (speech.words[0].start,
-                                                                            speech.last_phone_end)
-    span = speech_span(x, SAMPLE_RATE, within=phones)
+    span = speech_span(x, SAMPLE_RATE, within=speech.phones)
     if span is None:
         return speech
     first, stop = span
