@@ -12,6 +12,10 @@ within ``RAMP_S``. The floor is a low percentile of the levels around the word, 
 background noise raises it instead of reading as speech. A stop consonant's closure is silent
 and a weak consonant sits near the floor, so for those words the rise comes late: an aligner's
 onset (and a synthesizer's word boundary) may sit up to ~120 ms before it (:func:`onset_window_ms`).
+
+The refinement uses the same levels once, for one thing the aligner gets wrong: after a pause its
+silence model often gives up to 200 ms of the quiet to the next word's first phone. A word cannot
+begin in a pause, so :func:`start_after_pause` moves such a start to where the level rises.
 """
 
 from __future__ import annotations
@@ -33,9 +37,25 @@ RISE_DB = 15.0
 RAMP_S = 0.05
 #: A floor this far below full scale is digital silence, not a room: levels are clipped to it.
 FLOOR_DBFS = -90.0
+#: start_after_pause: a pause is at least MIN_SILENCE_S of levels within PAUSE_QUIET_DB of the floor (a
+#: stop's closure inside connected speech is mostly shorter, and keeps the aligner's start); speech starts
+#: at the first level PAUSE_RISE_DB over the floor. The floor is a low percentile of the audio's levels.
+PAUSE_QUIET_DB = 6.0
+PAUSE_RISE_DB = 12.0
+PAUSE_FLOOR_PERCENTILE = 5.0
+#: Only where the word's loudest level stands this far over the floor: in noise a word's first sounds sit
+#: near the floor, and the rise comes late.
+PAUSE_CLEAN_DB = 25.0
+#: How far past the aligner's start the rise may be.
+PAUSE_SEARCH_S = 0.3
+#: A stop's word starts this long before its burst, the level's rise: its closure is part of the word but
+#: silent after a pause. Hand-read onsets mark the burst, synthesizers' segments the closure's start.
+STOP_LEAD_S = 0.02
+_STOPS = frozenset("ptkbdg")
+_FRICATIVES = frozenset("fvTDhCxsSzZ")
 
 
-def _levels_db(x: np.ndarray) -> np.ndarray:
+def levels_db(x: np.ndarray) -> np.ndarray:
     """RMS level (dBFS) of ``WINDOW_S`` frames every ``HOP_S``."""
     hop, win = int(HOP_S * SAMPLE_RATE), int(WINDOW_S * SAMPLE_RATE)
     if len(x) < win:
@@ -60,7 +80,7 @@ def onset_after_silence(samples: np.ndarray, t0: float, near: float, previous: f
     hi = min(len(samples), int((near + SEARCH_S + WINDOW_S - t0) * SAMPLE_RATE))
     if hi - lo < int((MIN_SILENCE_S + 2 * WINDOW_S) * SAMPLE_RATE):
         return None
-    levels = _levels_db(samples[lo:hi])
+    levels = levels_db(samples[lo:hi])
     if levels.size == 0:
         return None
     floor = float(np.percentile(levels, 10))
@@ -83,6 +103,58 @@ def onset_after_silence(samples: np.ndarray, t0: float, near: float, previous: f
     return best
 
 
+def start_after_pause(levels: np.ndarray, start: float, end: float, word: str) -> float:
+    """``start`` (s from the first level's window) moved to where the level rises, when it lies in
+    a pause; otherwise ``start``. ``end`` (the word's end) bounds the move. By the word's first
+    phone: a vowel, nasal or liquid starts at the rise, a stop STOP_LEAD_S before it, a fricative
+    where the level leaves the pause. ``levels`` come from :func:`levels_db` over audio reaching
+    back before the word, so that its floor is a pause's."""
+    floor = _pause_floor(levels)
+    quiet = levels <= floor + PAUSE_QUIET_DB
+    k = max(0, int(round(start / HOP_S)) - 1)  # the window centred nearest the start
+    if k >= len(levels) or not quiet[k]:
+        return start
+    first, last = k, k
+    while first > 0 and quiet[first - 1]:
+        first -= 1
+    while last < len(levels) and quiet[last]:
+        last += 1
+    if (last - first) * HOP_S < MIN_SILENCE_S:
+        return start  # a closure or a dip, not a pause
+    stop = min(int(min(end, start + PAUSE_SEARCH_S) / HOP_S), len(levels))
+    if stop <= last or levels[last:max(int(end / HOP_S), stop)].max() < floor + PAUSE_CLEAN_DB:
+        return start
+    rise = next((j for j in range(last, stop) if levels[j] > floor + PAUSE_RISE_DB), None)
+    if rise is None:
+        return start
+    first_phone = _first_phone(word)
+    if first_phone in _FRICATIVES:
+        return last * HOP_S + WINDOW_S / 2  # frication builds up from the floor: it starts where the pause ends
+    onset = rise * HOP_S + WINDOW_S / 2
+    return max(start, onset - STOP_LEAD_S) if first_phone in _STOPS else onset
+
+
+def _pause_floor(levels: np.ndarray) -> float:
+    """The level a pause sits at: digital silence where the audio has a pause of it (a synthesizer's,
+    or a mic's noise suppression), else a low percentile of the audible levels (the room's noise)."""
+    digital = np.concatenate([[False], levels <= FLOOR_DBFS, [False]])
+    edges = np.flatnonzero(np.diff(digital.astype(np.int8)))
+    if edges.size and np.max(edges[1::2] - edges[::2]) * HOP_S >= MIN_SILENCE_S:
+        return FLOOR_DBFS
+    audible = levels[levels > FLOOR_DBFS]
+    return float(np.percentile(audible, PAUSE_FLOOR_PERCENTILE)) if audible.size else FLOOR_DBFS
+
+
+def _first_phone(word: str) -> str | None:
+    """The espeak-ng mnemonic ``word`` begins with (None without a pronunciation)."""
+    from alignment.espeak import EspeakUnavailable, phonemes
+
+    try:
+        return phonemes(word).lstrip("',%=_: ")[:1] or None
+    except (EspeakUnavailable, ValueError):
+        return None
+
+
 #: First phones (espeak-ng mnemonics) whose sound rises after the word begins: stops (the
 #: closure is silent) and weak fricatives and /h/ (they sit near the noise floor).
 _SOFT_ONSETS = frozenset("ptkbdgfvTDhCx")
@@ -96,10 +168,7 @@ SOFT_WINDOW_MS = (-120.0, 40.0)
 
 def onset_window_ms(word: str) -> tuple[float, float]:
     """The accepted range of (placed start - acoustic onset) for ``word``, by its first phone."""
-    from alignment.espeak import EspeakUnavailable, phonemes
-
-    try:
-        first = phonemes(word).lstrip("',%=_: ")[:1]
-    except (EspeakUnavailable, ValueError):
+    first = _first_phone(word)
+    if first is None:
         return SOFT_WINDOW_MS  # the more tolerant range: never fail a word for lack of a dictionary
     return SOFT_WINDOW_MS if first in _SOFT_ONSETS else SHARP_WINDOW_MS

@@ -3,9 +3,11 @@
 Whisper's word timestamps on connected speech run late (the first word snaps to the segment start),
 so the recognised words are aligned phone by phone to the audio with a human-speech acoustic model
 (:mod:`alignment.forced`, PocketSphinx's en-us HMMs), which holds whatever the speaker sounds like.
-Where it finds no path (words not said), Whisper's estimate is kept and the word is marked not
-placed: the streaming recogniser treats it as unsupported (:mod:`alignment.support`). A refined time
-more than MAX_SHIFT_S from the estimate is rejected (a dropped word can pull the next one onto it).
+A word the aligner starts inside a pause starts where the level rises instead
+(:func:`alignment.onsets.start_after_pause`). Where it finds no path (words not said), Whisper's
+estimate is kept and the word is marked not placed: the streaming recogniser treats it as
+unsupported (:mod:`alignment.support`). A refined time more than MAX_SHIFT_S from the estimate is
+rejected (a dropped word can pull the next one onto it).
 
 Streaming (``lookahead_s``): times come from audio ending at the last word's end + look-ahead, never
 later. The utterance's last two finals go before the new words as ``context`` (a one-word text
@@ -20,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from alignment.onsets import levels_db, start_after_pause
 from alignment.types import SAMPLE_RATE, WordToken
 
 #: Audio taken before the first and after the last estimate (Whisper snaps the first word early
@@ -33,6 +36,8 @@ MAX_GAP_S = 1.0
 MIN_WORD_S = 0.02
 #: Audio kept before a group that starts on already-timed context words.
 CONTEXT_MARGIN_S = 0.1
+#: Audio before a group whose levels join the noise floor that tells a pause (alignment.onsets).
+FLOOR_CONTEXT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -162,8 +167,14 @@ def _forced_group(
     else:  # streaming: audio up to the last word's bound (a following word's, if any)
         hi = sample_at(words[-1].end + lookahead_s)
     spans = aligner().align(x[lo:hi], [w.text for w in words]) if hi > lo else None
-    if spans is not None:
-        for j, span in enumerate(spans):
-            if wanted[j] and span is not None:
-                result[j] = (t0 + span.start, t0 + span.end)
+    if spans is None:
+        return result
+    floor_lo = sample_at(pts0 + lo / SAMPLE_RATE - FLOOR_CONTEXT_S)
+    levels = levels_db(x[floor_lo:hi])
+    t_levels = pts0 + floor_lo / SAMPLE_RATE
+    for j, span in enumerate(spans):
+        if wanted[j] and span is not None:
+            start = t_levels + start_after_pause(levels, t0 + span.start - t_levels, t0 + span.end - t_levels,
+                                                 words[j].text)
+            result[j] = (start, t0 + span.end)
     return result

@@ -3,13 +3,16 @@
 Truth is onsets read by hand (bench/data/human_speech.json and human_onsets.json: connected speech;
 the clips of bench/data/isolated_words.json that carry an ``onset``), never an aligner's. Each clip goes through
 the offline path that bench/word_timing.py scores as "offline" (``transcribe_words`` then
-``refine_word_times``); recognised words are matched to the hand-read ones by text, as there. An
+``refine_word_times``), or with ``--live`` through the live one (``StreamingASR`` fed 20 ms chunks; its
+finals); recognised words are matched to the hand-read ones by text, as there. An
 isolated clip is padded with 0.5 s of silence on each side. Per speaker and part of the split:
 share within +-40 ms with a Wilson 95 % interval, for all words and for the 'clear' ones, mean
 |error|, median signed error, and words the recogniser missed (no match).
 
     .venv/bin/python bench/human_onsets.py                  # both sets, all speakers
     .venv/bin/python bench/human_onsets.py --part heldout   # the held-out speakers only
+    .venv/bin/python bench/human_onsets.py --live           # the streaming recogniser's finals
+    .venv/bin/python bench/human_onsets.py --room           # isolated clips padded with their own noise, not zeros
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from alignment.text import agreement_key  # noqa: E402
 from alignment.timing import refine_word_times  # noqa: E402
 from alignment.types import SAMPLE_RATE, WordToken  # noqa: E402
+from bench.asr_stream import chunks  # noqa: E402
 from bench.human_data import load  # noqa: E402
 from bench.isolated_words import wilson  # noqa: E402
-from models.asr import transcribe_words  # noqa: E402
+from models.asr import StreamingASR, StreamingConfig, transcribe_words  # noqa: E402
 
 DATA = Path(__file__).with_name("data")
 PAD_S = 0.5
@@ -84,31 +88,56 @@ class Placed:
     match: dict[int, int]
 
 
-def place(clip: Clip, room: bool = False) -> Placed | None:
-    """``clip`` (padded: 0.5 s of silence after it, and before an isolated one) through transcription and
-    refinement; None when its audio cannot be had. ``room``: the padding is the recording's own noise (its
-    quietest 20 ms, looped), as a live mic carries on between words, instead of digital silence."""
+def padded(clip: Clip, room: bool = False) -> tuple[np.ndarray, float] | None:
+    """``clip``'s audio with 0.5 s of silence after it (and before an isolated one), and the padding before it;
+    None when its audio cannot be had. ``room``: the padding is the recording's own noise (its quietest 20 ms,
+    looped), as a live mic carries on between words, instead of digital silence."""
     audio = load(clip.source, clip.raw_rate)
     if audio is None:
         return None
-    lead = PAD_S if clip.pad else 0.0
     pad = np.zeros(int(PAD_S * SAMPLE_RATE), np.float32)
     if room:
         frames = audio[: audio.size // 320 * 320].reshape(-1, 320)
         quietest = frames[int(np.argmin(np.mean(frames * frames, axis=1)))]
         pad = np.resize(quietest, pad.size).astype(np.float32)
-    audio = np.concatenate([pad, audio, pad]) if clip.pad else np.concatenate([audio, pad])
+    if clip.pad:
+        return np.concatenate([pad, audio, pad]), PAD_S
+    return np.concatenate([audio, pad]), 0.0
+
+
+def place(clip: Clip, room: bool = False) -> Placed | None:
+    """``clip`` (:func:`padded`) through transcription and refinement; None when its audio cannot be had."""
+    got = padded(clip, room)
+    if got is None:
+        return None
+    audio, lead = got
     words = refine_word_times(audio, 0.0, transcribe_words(audio, refine=False))
+    return Placed(audio, lead, words, _match(words, clip))
+
+
+def streamed(clip: Clip, room: bool = False) -> Placed | None:
+    """:func:`place`, with the words the live path makes final instead of the offline ones."""
+    got = padded(clip, room)
+    if got is None:
+        return None
+    audio, lead = got
+    asr = StreamingASR("whisper", StreamingConfig())
+    events = [e for c in chunks(audio) for e in asr.feed(c)] + asr.flush()
+    words = [e for e in events if isinstance(e, WordToken) and e.final]
+    return Placed(audio, lead, words, _match(words, clip))
+
+
+def _match(words: list[WordToken], clip: Clip) -> dict[int, int]:
+    """Index of the placed word matched by text to each hand-read word (by index)."""
     a = [agreement_key(w.text) for w in words]
     b = [agreement_key(t) for t, _, _ in clip.words]
     blocks = difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks()
-    match = {blk.b + i: blk.a + i for blk in blocks for i in range(blk.size)}
-    return Placed(audio, lead, words, match)
+    return {blk.b + i: blk.a + i for blk in blocks for i in range(blk.size)}
 
 
-def errors(clip: Clip) -> list[tuple[float | None, str]]:
+def errors(clip: Clip, live: bool = False, room: bool = False) -> list[tuple[float | None, str]]:
     """(signed onset error ms, or None where unmatched; confidence) per hand-read word of ``clip``."""
-    placed = place(clip)
+    placed = streamed(clip, room) if live else place(clip, room)
     if placed is None:
         return []
     return [(1000 * (placed.words[placed.match[k]].start - w[1] - placed.lead) if k in placed.match else None, w[2])
@@ -132,13 +161,16 @@ def line(label: str, rows: list[tuple[float | None, str]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("all", "tuning", "heldout"), default="all")
+    ap.add_argument("--live", action="store_true", help="the streaming recogniser's finals, not the offline words")
+    ap.add_argument("--room", action="store_true", help="pad with the recording's own noise, as a live mic carries on")
     args = ap.parse_args(argv)
-    print(f"$ python bench/human_onsets.py --part {args.part}")
+    print(f"$ python bench/human_onsets.py --part {args.part}{' --live' if args.live else ''}"
+          f"{' --room' if args.room else ''}")
     print(f"load average {os.getloadavg()[0]:.1f} at start; 2-core machine")
     by_speaker: dict[tuple[str, str, str], list[tuple[float | None, str]]] = {}
     for clip in clips(args.part):
         kind = "connected" if not clip.pad else "isolated"
-        by_speaker.setdefault((clip.part, kind, clip.speaker), []).extend(errors(clip))
+        by_speaker.setdefault((clip.part, kind, clip.speaker), []).extend(errors(clip, args.live, args.room))
     pooled: dict[str, list[tuple[float | None, str]]] = {}
     for (part, kind, spk), rows in sorted(by_speaker.items()):
         print(line(f"{part}/{kind}/{spk}", rows))
