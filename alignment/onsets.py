@@ -15,7 +15,9 @@ onset (and a synthesizer's word boundary) may sit up to ~120 ms before it (:func
 
 The refinement uses the same levels once, for one thing the aligner gets wrong: after a pause its
 silence model often gives up to 200 ms of the quiet to the next word's first phone. A word cannot
-begin in a pause, so :func:`start_after_pause` moves such a start to where the level rises.
+begin in a pause, so :func:`start_after_pause` moves such a start to where the level rises. For a
+word so moved, Level-3's check and the placement share their evidence; the check stays independent
+of the aligner everywhere else.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ RAMP_S = 0.05
 FLOOR_DBFS = -90.0
 #: start_after_pause: a pause is at least MIN_SILENCE_S of levels within PAUSE_QUIET_DB of the floor (a
 #: stop's closure inside connected speech is mostly shorter, and keeps the aligner's start); speech starts
-#: at the first level PAUSE_RISE_DB over the floor. The floor is a low percentile of the audio's levels.
+#: at the first level PAUSE_RISE_DB over the floor (:func:`_pause_floor`).
 PAUSE_QUIET_DB = 6.0
 PAUSE_RISE_DB = 12.0
 PAUSE_FLOOR_PERCENTILE = 5.0
