@@ -8,6 +8,9 @@ repeated three times, several words at one instant). A word may become final onl
   it) and within ``SPEECH_RANGE_DB`` of the loudest frame, and it starts before the end of speech;
 * its duration is a word's (``MAX_WORD_S``) and it starts after the word before it (``MIN_STEP_S``):
   two words at one start share one word's audio;
+* it does not start the utterance again over audio already given to a word (:func:`_restarts`: past the
+  end of speech tiny.en says the utterance's first words again, and the aligner squeezes them into the
+  last word's audio);
 * a repeat of the words just before it (a loop) stands well over speech, and the utterance's text
   does not compress like a loop (Whisper's compression-ratio rule); and the audio holds both copies
   (:func:`repeat_heard`: tiny.en hears one "friends" as "friends friends", and the aligner fits two
@@ -44,12 +47,16 @@ MIN_STEP_S = 0.03
 _TIME_EPS_S = 1e-6
 #: Whisper's rule: a text that gzip compresses better than this is a repetition loop.
 MAX_COMPRESSION_RATIO = 2.4
+#: A restart: a run of at least this many words said already in the utterance, whose first word starts
+#: at least RESTART_OVERLAP_S before the end of the word before it.
+RESTART_MIN_WORDS = 2
+RESTART_OVERLAP_S = 0.05
 
 
 @dataclass(frozen=True)
 class Verdict:
     """Per word: supported, or why not (``"unplaced"``, ``"silent"``, ``"duration"``, ``"overlap"``,
-    ``"loop"``)."""
+    ``"restart"``, ``"loop"``)."""
 
     reasons: tuple[str, ...]
 
@@ -77,14 +84,15 @@ def compression_ratio(text: str) -> float:
 def judge(
     samples: np.ndarray, t0: float, words: Sequence[WordToken], placed: Sequence[bool],
     before: Sequence[str] = (), previous_start: float | None = None, speech_end: float | None = None,
+    previous_end: float | None = None,
 ) -> Verdict:
     """Which of ``words`` (refined, in order) the audio supports.
 
     ``samples``: 16 kHz audio whose first sample is at ``t0`` (session s), holding the words and
     some audio before them; ``placed``: per word, whether the forced alignment found it;
     ``before``: the utterance's words before these (already final), for the loop rules;
-    ``previous_start``: the start of the word before the first of these, if any; ``speech_end``:
-    where the utterance's speech ended (the VAD's end), at an endpoint.
+    ``previous_start`` / ``previous_end``: the span of the word before the first of these, if any;
+    ``speech_end``: where the utterance's speech ended (the VAD's end), at an endpoint.
     """
     if len(placed) != len(words):
         raise ValueError("one placed flag per word")
@@ -94,6 +102,8 @@ def judge(
     loud = levels >= max(floor + LOUD_DB, peak - SPEECH_RANGE_DB)
     keys = [agreement_key(w) for w in before] + [agreement_key(w.text) for w in words]
     loop = _loop_words(keys)[len(before) :]
+    ends = [np.inf if previous_end is None else previous_end] + [w.end for w in words[:-1]]
+    restart = _restarts(keys, len(before), [w.start < e - RESTART_OVERLAP_S for w, e in zip(words, ends, strict=True)])
     text = " ".join([*before, *(w.text for w in words)])
     looping = compression_ratio(text) > MAX_COMPRESSION_RATIO
     reasons = []
@@ -109,6 +119,8 @@ def judge(
             reasons.append("duration")
         elif step < MIN_STEP_S - _TIME_EPS_S:  # two times on the 10 ms grid, 30 ms apart, may differ by a hair less
             reasons.append("overlap")
+        elif restart[k]:
+            reasons.append("restart")
         elif speech_end is not None and w.start >= speech_end - MIN_STEP_S:
             reasons.append("silent")
         elif share < (LOOP_LOUD_SHARE if loop[k] else MIN_LOUD_SHARE):
@@ -123,6 +135,27 @@ def _loud_share(loud: np.ndarray, t0: float, start: float, end: float) -> float:
     a = max(int(np.floor((start - t0) / FRAME_S)), 0)
     b = min(int(np.ceil((end - t0) / FRAME_S)), loud.size)
     return float(loud[a:b].mean()) if b > a else 0.0
+
+
+def _restarts(keys: Sequence[str], first: int, inside: Sequence[bool]) -> list[bool]:
+    """Per word of ``keys[first:]``: it belongs to a restart, a run of at least RESTART_MIN_WORDS
+    words found earlier in ``keys`` whose first word starts inside the word before it (``inside``)."""
+    flags = [False] * (len(keys) - first)
+    for i in range(first, len(keys)):
+        if not inside[i - first]:
+            continue
+        n = 0
+        while i + n < len(keys) and _occurs(keys[i : i + n + 1], keys[:i]):
+            n += 1
+        if n >= RESTART_MIN_WORDS:
+            flags[i - first : i - first + n] = [True] * n
+    return flags
+
+
+def _occurs(run: Sequence[str], keys: Sequence[str]) -> bool:
+    """``run`` is a contiguous part of ``keys``."""
+    n = len(run)
+    return any(list(keys[j : j + n]) == list(run) for j in range(len(keys) - n + 1))
 
 
 def _loop_words(keys: Sequence[str]) -> list[bool]:

@@ -50,6 +50,26 @@ def test_a_short_word_on_the_aligners_grid_is_not_an_overlap(sentence):
     assert judge(sentence.samples, shift, words, [True, True]).reasons == ("", "")
 
 
+def test_the_utterance_said_again_inside_its_last_word_is_not_final(sentence):
+    """Past the end of speech tiny.en may start the utterance again ("please call" after "moment"), and
+    the aligner squeezes the copy into the last word's audio; the same words said after it are speech."""
+    placed = align_words(sentence.samples, 0.0, _truth_tokens(sentence)).words
+    moment = placed[-1]
+    before = [w.text for w in placed]
+    inside = [WordToken("please", moment.start + 0.1, moment.start + 0.2),
+              WordToken("call", moment.start + 0.2, moment.end)]
+    verdict = judge(sentence.samples, 0.0, inside, [True, True], before=before,
+                    previous_start=moment.start, previous_end=moment.end)
+    assert verdict.reasons == ("restart", "restart")
+    # Said again after the last word, or one word only: not a restart (the other rules judge it).
+    again = judge(sentence.samples, 0.0, placed[:2], [True, True], before=before,
+                  previous_start=placed[0].start - 0.5, previous_end=placed[0].start - 0.1)
+    assert "restart" not in again.reasons
+    one = judge(sentence.samples, 0.0, inside[:1], [True], before=before,
+                previous_start=moment.start, previous_end=moment.end)
+    assert one.reasons != ("restart",)
+
+
 def test_a_looped_sentence_is_final_word_by_word_every_time():
     """The load test's peer loops one sentence. When its last word was refused at an endpoint, the next
     utterance heard that word again at its start (the carried audio runs 0.1 s past the last final), made it

@@ -474,8 +474,11 @@ class StreamingASR:
                 placed = list(alone.placed) + [False] * (len(toks) - k)
         refined = [replace(t, final=True) for t in end_by_next_start(context + refined)[len(context) :]]
         since = max(self._buf.start, refined[0].start - _FLOOR_AUDIO_S)
+        previous = self._refined[-1] if self._refined else None
         verdict = judge(self._buf.slice(since, self._buf.end), since, refined, placed, before=self._utt_text,
-                        previous_start=self._refined[-1].start if self._refined else None, speech_end=speech_end)
+                        previous_start=previous.start if previous else None,
+                        previous_end=previous.end if previous else None,
+                        speech_end=speech_end)
         prior = [t for t in self._refined if t.utterance == self._utt]
         supported, unheard = refuse_unheard_repeats(audio, self._buf.start, prior, refined, verdict.supported,
                                                     aligner().fit)
