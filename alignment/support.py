@@ -102,7 +102,7 @@ def judge(
     loud = levels >= max(floor + LOUD_DB, peak - SPEECH_RANGE_DB)
     keys = [agreement_key(w) for w in before] + [agreement_key(w.text) for w in words]
     loop = _loop_words(keys)[len(before) :]
-    ends = [np.inf if previous_end is None else previous_end] + [w.end for w in words[:-1]]
+    ends = [-np.inf if previous_end is None else previous_end] + [w.end for w in words[:-1]]
     restart = _restarts(keys, len(before), [w.start < e - RESTART_OVERLAP_S for w, e in zip(words, ends, strict=True)])
     text = " ".join([*before, *(w.text for w in words)])
     looping = compression_ratio(text) > MAX_COMPRESSION_RATIO
