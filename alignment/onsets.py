@@ -160,12 +160,12 @@ def _first_phone(word: str) -> str | None:
 #: First phones (espeak-ng mnemonics) whose sound rises after the word begins: stops (the
 #: closure is silent) and weak fricatives and /h/ (they sit near the noise floor).
 _SOFT_ONSETS = frozenset("ptkbdgfvTDhCx")
-#: start - acoustic onset (ms) that a correctly placed word may show: a word never starts more
-#: than the product's ±40 ms after its sound rises, and a soft onset may rise up to ~120 ms
-#: after the word begins (synthesizers' and aligners' word boundaries both put the closure or
-#: the weak consonant inside the word). Measured in BENCHMARKS.md (onset evidence).
-SHARP_WINDOW_MS = (-50.0, 40.0)
-SOFT_WINDOW_MS = (-120.0, 40.0)
+#: start - acoustic onset (ms) that a correctly placed word may show: listeners mark a word up to
+#: ~50 ms after its level first rises (a breathy or pre-voiced start: hand-read onsets), and a soft
+#: onset may rise up to ~120 ms after the word begins (synthesizers' and aligners' word boundaries
+#: both put the closure or the weak consonant inside the word). Measured in BENCHMARKS.md (Human speech).
+SHARP_WINDOW_MS = (-50.0, 50.0)
+SOFT_WINDOW_MS = (-120.0, 50.0)
 
 
 def onset_window_ms(word: str) -> tuple[float, float]:
