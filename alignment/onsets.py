@@ -22,6 +22,8 @@ of the aligner everywhere else.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from alignment.types import SAMPLE_RATE
@@ -105,14 +107,30 @@ def onset_after_silence(samples: np.ndarray, t0: float, near: float, previous: f
     return best
 
 
-def start_after_pause(levels: np.ndarray, start: float, end: float, word: str) -> float:
-    """``start`` (s from the first level's window) moved to where the level rises, when it lies in
+@dataclass(frozen=True)
+class PauseLevels:
+    """The levels of some audio (:func:`levels_db`), the floor its pauses sit at and which levels are
+    quiet: worked out once for all the words placed on that audio (:func:`pause_levels`)."""
+
+    levels: np.ndarray
+    floor: float
+    quiet: np.ndarray
+
+
+def pause_levels(samples: np.ndarray) -> PauseLevels:
+    """:class:`PauseLevels` of ``samples`` (16 kHz), which should reach back before the words so that
+    its floor is a pause's."""
+    levels = levels_db(samples)
+    floor = _pause_floor(levels)
+    return PauseLevels(levels, floor, levels <= floor + PAUSE_QUIET_DB)
+
+
+def start_after_pause(audio: PauseLevels, start: float, end: float, word: str) -> float:
+    """``start`` (s from the audio's first sample) moved to where the level rises, when it lies in
     a pause; otherwise ``start``. ``end`` (the word's end) bounds the move. By the word's first
     phone: a vowel, nasal or liquid starts at the rise, a stop STOP_LEAD_S before it, a fricative
-    where the level leaves the pause. ``levels`` come from :func:`levels_db` over audio reaching
-    back before the word, so that its floor is a pause's."""
-    floor = _pause_floor(levels)
-    quiet = levels <= floor + PAUSE_QUIET_DB
+    where the level leaves the pause."""
+    levels, floor, quiet = audio.levels, audio.floor, audio.quiet
     k = max(0, int(round(start / HOP_S)) - 1)  # the window centred nearest the start
     if k >= len(levels) or not quiet[k]:
         return start

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from alignment.onsets import levels_db, start_after_pause
+from alignment.onsets import pause_levels, start_after_pause
 from alignment.types import SAMPLE_RATE, WordToken
 
 #: Audio taken before the first and after the last estimate (Whisper snaps the first word early
@@ -170,11 +170,11 @@ def _forced_group(
     if spans is None:
         return result
     floor_lo = sample_at(pts0 + lo / SAMPLE_RATE - FLOOR_CONTEXT_S)
-    levels = levels_db(x[floor_lo:hi])
+    pauses = pause_levels(x[floor_lo:hi])
     t_levels = pts0 + floor_lo / SAMPLE_RATE
     for j, span in enumerate(spans):
         if wanted[j] and span is not None:
-            start = t_levels + start_after_pause(levels, t0 + span.start - t_levels, t0 + span.end - t_levels,
+            start = t_levels + start_after_pause(pauses, t0 + span.start - t_levels, t0 + span.end - t_levels,
                                                  words[j].text)
             result[j] = (start, t0 + span.end)
     return result

@@ -179,7 +179,7 @@ def _late_estimates(speech: testmedia.Speech) -> list[WordToken]:
 
 def test_a_word_the_aligner_starts_in_a_pause_starts_where_the_level_rises():
     """The aligner's silence model gives part of a pause to the next word; the level says where it starts."""
-    from alignment.onsets import levels_db, start_after_pause
+    from alignment.onsets import pause_levels, start_after_pause
 
     rng = np.random.default_rng(3)
     t = np.arange(int(1.5 * SAMPLE_RATE)) / SAMPLE_RATE
@@ -187,7 +187,7 @@ def test_a_word_the_aligner_starts_in_a_pause_starts_where_the_level_rises():
     vowel = (t >= 0.8) & (t < 1.1)
     audio[vowel] += 0.1 * np.sin(2 * np.pi * 220 * t[vowel]).astype(np.float32)
     audio[(t >= 0.95) & (t < 1.01)] = 0.0  # a 60 ms closure: not a pause
-    levels = levels_db(audio)
+    levels = pause_levels(audio)
     assert abs(start_after_pause(levels, 0.62, 1.1, "all") - 0.8) <= 0.01  # 180 ms early, in the pause
     assert start_after_pause(levels, 0.805, 1.1, "all") == 0.805  # at the rise already: kept
     assert start_after_pause(levels, 0.96, 1.1, "all") == 0.96  # in a closure inside speech: kept
@@ -195,4 +195,4 @@ def test_a_word_the_aligner_starts_in_a_pause_starts_where_the_level_rises():
     assert 0.77 <= start_after_pause(levels, 0.62, 1.1, "ball") < 0.8
     # In noise the word's first sounds sit near the floor: nothing moves.
     noisy = audio + rng.normal(0.0, 0.03, t.size).astype(np.float32)
-    assert start_after_pause(levels_db(noisy), 0.62, 1.1, "all") == 0.62
+    assert start_after_pause(pause_levels(noisy), 0.62, 1.1, "all") == 0.62
