@@ -105,25 +105,26 @@ def padded(clip: Clip, room: bool = False) -> tuple[np.ndarray, float] | None:
     return np.concatenate([audio, pad]), 0.0
 
 
-def place(clip: Clip, room: bool = False) -> Placed | None:
-    """``clip`` (:func:`padded`) through transcription and refinement; None when its audio cannot be had."""
-    got = padded(clip, room)
-    if got is None:
-        return None
-    audio, lead = got
-    words = refine_word_times(audio, 0.0, transcribe_words(audio, refine=False))
-    return Placed(audio, lead, words, _match(words, clip))
+def offline_words(audio: np.ndarray) -> list[WordToken]:
+    """The offline path's words for 16 kHz ``audio``: transcription, then refinement."""
+    return refine_word_times(audio, 0.0, transcribe_words(audio, refine=False))
 
 
-def streamed(clip: Clip, room: bool = False) -> Placed | None:
-    """:func:`place`, with the words the live path makes final instead of the offline ones."""
-    got = padded(clip, room)
-    if got is None:
-        return None
-    audio, lead = got
+def live_words(audio: np.ndarray) -> list[WordToken]:
+    """The live path's final words for 16 kHz ``audio``, fed to ``StreamingASR`` in 20 ms chunks."""
     asr = StreamingASR("whisper", StreamingConfig())
     events = [e for c in chunks(audio) for e in asr.feed(c)] + asr.flush()
-    words = [e for e in events if isinstance(e, WordToken) and e.final]
+    return [e for e in events if isinstance(e, WordToken) and e.final]
+
+
+def place(clip: Clip, room: bool = False, live: bool = False) -> Placed | None:
+    """``clip`` (:func:`padded`) through the offline path, or with ``live`` the live one; None when its audio
+    cannot be had."""
+    got = padded(clip, room)
+    if got is None:
+        return None
+    audio, lead = got
+    words = live_words(audio) if live else offline_words(audio)
     return Placed(audio, lead, words, _match(words, clip))
 
 
@@ -137,7 +138,7 @@ def _match(words: list[WordToken], clip: Clip) -> dict[int, int]:
 
 def errors(clip: Clip, live: bool = False, room: bool = False) -> list[tuple[float | None, str]]:
     """(signed onset error ms, or None where unmatched; confidence) per hand-read word of ``clip``."""
-    placed = streamed(clip, room) if live else place(clip, room)
+    placed = place(clip, room, live)
     if placed is None:
         return []
     return [(1000 * (placed.words[placed.match[k]].start - w[1] - placed.lead) if k in placed.match else None, w[2])

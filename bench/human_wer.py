@@ -1,7 +1,8 @@
 """Benchmark: what streaming costs in words on recorded human speech: live WER minus offline WER.
 
 The connected clips of bench/data/human_speech.json go through the offline path (``transcribe_words``,
-:func:`bench.human_onsets.place`) and the live one (``StreamingASR`` finals, :func:`bench.human_onsets.streamed`);
+:func:`bench.human_onsets.offline_words`) and the live one (``StreamingASR`` finals,
+:func:`bench.human_onsets.live_words`);
 both are scored against the package's own transcript of each clip (asterisk's core-sounds-en.txt, the
 LibriVox ``.txt`` and cards.transcription beside the pocketsphinx clips, the whisper.cpp test's JFK text, the
 ALSA test voice's file names; gradio's clips ship none and are left out), never
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alignment.text import word_edits  # noqa: E402
 from bench.human_data import source_path  # noqa: E402
-from bench.human_onsets import Clip, clips, place, streamed  # noqa: E402
+from bench.human_onsets import Clip, clips, live_words, offline_words, padded  # noqa: E402
 
 ASTERISK_TEXT = "debian:asterisk-core-sounds-en/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz"
 CARDS_TEXT = "pypi:pocketsphinx==5.1.1/test/data/cards/cards.transcription"
@@ -84,13 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     for clip in clips(args.part):
         if clip.pad:
             continue  # isolated words: bench/isolated_words.py
-        ref = reference(clip)
-        offline, live = place(clip), streamed(clip)
-        if ref is None or offline is None or live is None:
+        ref, got = reference(clip), padded(clip)
+        if ref is None or got is None:
             print(f"  (no transcript or audio for {clip.source})")
             continue
-        e_off, n = word_edits(ref, [w.text for w in offline.words])
-        e_live, _ = word_edits(ref, [w.text for w in live.words])
+        e_off, n = word_edits(ref, [w.text for w in offline_words(got[0])])
+        e_live, _ = word_edits(ref, [w.text for w in live_words(got[0])])
         rows.setdefault(clip.part, []).append((e_off, e_live, n))
         if e_live > e_off:
             print(f"  {Path(clip.source).name}: offline {e_off} / live {e_live} edits of {n}")
