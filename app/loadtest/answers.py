@@ -105,11 +105,14 @@ def speech_span(samples: np.ndarray, rate: int, rel_db: float = -40.0, hop_s: fl
     if rms.max() <= 0:
         return None
     active = np.flatnonzero(rms >= rms.max() * 10 ** (rel_db / 20))
-    first, end = int(active[0]) * hop, min((int(active[-1]) + 1) * hop, len(x))
-    if within is not None:
-        first = min(max(first, round(within[0] * rate)), end)
-        end = max(min(end, round(within[1] * rate)), first)
-    return first, end
+    span = int(active[0]) * hop, min((int(active[-1]) + 1) * hop, len(x))
+    return span if within is None else span_within(span, within, rate)
+
+
+def span_within(span: tuple[int, int], within: tuple[float, float], rate: int) -> tuple[int, int]:
+    """``span`` (first, end sample) kept inside ``within`` (s): :func:`speech_span`'s bound, for a span in hand."""
+    first = min(max(span[0], round(within[0] * rate)), span[1])
+    return first, max(min(span[1], round(within[1] * rate)), first)
 
 
 # --- the avatar's mouth, read from pixels ------------------------------------------------------------

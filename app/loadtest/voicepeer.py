@@ -252,7 +252,7 @@ class ScriptedMic(MediaStreamTrack):
         span = ans.speech_span(x, SAMPLE_RATE)
         if span is None:
             raise ValueError("nothing to say: the samples are silent")
-        first, stop = span if phones is None else ans.speech_span(x, SAMPLE_RATE, within=phones) or span
+        first, stop = span if phones is None else ans.span_within(span, phones, SAMPLE_RATE)
         x = x[span[0] : span[1]]
         pcm = resample(x, SAMPLE_RATE, AUDIO_RATE).astype(np.float32)
         earliest = (self._n + 3) * AUDIO_FRAME
