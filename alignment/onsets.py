@@ -11,7 +11,8 @@ The onset is the first frame more than ``QUIET_DB`` above the floor after at lea
 within ``RAMP_S``. The floor is a low percentile of the levels around the word, so steady
 background noise raises it instead of reading as speech. A stop consonant's closure is silent
 and a weak consonant sits near the floor, so for those words the rise comes late: an aligner's
-onset (and a synthesizer's word boundary) may sit up to ~120 ms before it (:func:`onset_window_ms`).
+onset (and a synthesizer's word boundary) may sit up to ~120 ms before it, ~180 ms for /f/, /v/ or /θ/
+(:func:`onset_window_ms`).
 
 The refinement uses the same levels once, for one thing the aligner gets wrong: after a pause its
 silence model often gives up to 200 ms of the quiet to the next word's first phone. A word cannot
@@ -178,12 +179,17 @@ def _first_phone(word: str) -> str | None:
 #: First phones (espeak-ng mnemonics) whose sound rises after the word begins: stops (the
 #: closure is silent) and weak fricatives and /h/ (they sit near the noise floor).
 _SOFT_ONSETS = frozenset("ptkbdgfvTDhCx")
+#: The weakest fricatives, /f/, /v/ and /θ/: their noise lies mostly above 4 kHz, so in telephone-band
+#: audio nearly all of it is gone and the level rises only at the vowel, up to a whole fricative later.
+_WEAK_FRICATIVES = frozenset("fvT")
 #: start - acoustic onset (ms) that a correctly placed word may show: listeners mark a word up to
 #: ~50 ms after its level first rises (a breathy or pre-voiced start: hand-read onsets), and a soft
 #: onset may rise up to ~120 ms after the word begins (synthesizers' and aligners' word boundaries
-#: both put the closure or the weak consonant inside the word). Measured in BENCHMARKS.md (Human speech).
+#: both put the closure or the weak consonant inside the word), a weak fricative's up to ~180 ms.
+#: Measured in BENCHMARKS.md (Human speech).
 SHARP_WINDOW_MS = (-50.0, 50.0)
 SOFT_WINDOW_MS = (-120.0, 50.0)
+WEAK_FRICATIVE_WINDOW_MS = (-180.0, 50.0)
 
 
 def onset_window_ms(word: str) -> tuple[float, float]:
@@ -191,4 +197,6 @@ def onset_window_ms(word: str) -> tuple[float, float]:
     first = _first_phone(word)
     if first is None:
         return SOFT_WINDOW_MS  # the more tolerant range: never fail a word for lack of a dictionary
+    if first in _WEAK_FRICATIVES:
+        return WEAK_FRICATIVE_WINDOW_MS
     return SOFT_WINDOW_MS if first in _SOFT_ONSETS else SHARP_WINDOW_MS
