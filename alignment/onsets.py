@@ -43,8 +43,9 @@ RAMP_S = 0.05
 #: A floor this far below full scale is digital silence, not a room: levels are clipped to it.
 FLOOR_DBFS = -90.0
 #: start_after_pause: a pause is at least MIN_SILENCE_S of levels within PAUSE_QUIET_DB of the floor (a
-#: stop's closure inside connected speech is mostly shorter, and keeps the aligner's start); speech starts
-#: at the first level PAUSE_RISE_DB over the floor (:func:`_pause_floor`).
+#: stop's closure inside connected speech is mostly shorter, and keeps the aligner's start), one 5 ms step
+#: over it allowed (a room's noise flickers); speech starts at the first level PAUSE_RISE_DB over the floor
+#: (:func:`_pause_floor`).
 PAUSE_QUIET_DB = 6.0
 PAUSE_RISE_DB = 12.0
 PAUSE_FLOOR_PERCENTILE = 5.0
@@ -123,7 +124,16 @@ def pause_levels(samples: np.ndarray) -> PauseLevels:
     its floor is a pause's."""
     levels = levels_db(samples)
     floor = _pause_floor(levels)
-    return PauseLevels(levels, floor, levels <= floor + PAUSE_QUIET_DB)
+    return PauseLevels(levels, floor, _median3(levels) <= floor + PAUSE_QUIET_DB)
+
+
+def _median3(levels: np.ndarray) -> np.ndarray:
+    """Each level replaced by the median of it and its two neighbours: one step of a room's noise
+    flickering over the quiet band does not end a pause."""
+    if levels.size < 3:
+        return levels
+    padded = np.concatenate([levels[:1], levels, levels[-1:]])
+    return np.median(np.stack([padded[:-2], padded[1:-1], padded[2:]]), axis=0)
 
 
 def start_after_pause(audio: PauseLevels, start: float, end: float, word: str) -> float:

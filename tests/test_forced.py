@@ -196,3 +196,19 @@ def test_a_word_the_aligner_starts_in_a_pause_starts_where_the_level_rises():
     # In noise the word's first sounds sit near the floor: nothing moves.
     noisy = audio + rng.normal(0.0, 0.03, t.size).astype(np.float32)
     assert start_after_pause(pause_levels(noisy), 0.62, 1.1, "all") == 0.62
+
+
+def test_a_pause_holds_through_the_rooms_flicker():
+    """A recorded room's 10 ms levels flicker over the quiet band now and then; one such window does
+    not end the pause, so a word the aligner starts in it still starts where the level rises."""
+    from alignment.onsets import HOP_S, WINDOW_S, pause_levels, start_after_pause
+
+    rng = np.random.default_rng(4)
+    t = np.arange(int(1.5 * SAMPLE_RATE)) / SAMPLE_RATE
+    audio = rng.normal(0.0, 10 ** (-60 / 20), t.size).astype(np.float32)
+    hop, win = int(HOP_S * SAMPLE_RATE), int(WINDOW_S * SAMPLE_RATE)
+    for k in range(int(0.3 / HOP_S), int(0.8 / HOP_S), 8):  # every 40 ms, one window 7 dB up
+        audio[k * hop: k * hop + win] *= 10 ** (7 / 20)
+    vowel = t >= 0.8
+    audio[vowel] += 0.1 * np.sin(2 * np.pi * 220 * t[vowel]).astype(np.float32)
+    assert abs(start_after_pause(pause_levels(audio), 0.62, 1.1, "all") - 0.8) <= 0.01
