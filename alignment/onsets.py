@@ -11,7 +11,7 @@ The onset is the first frame more than ``QUIET_DB`` above the floor after at lea
 within ``RAMP_S``. The floor is a low percentile of the levels around the word, so steady
 background noise raises it instead of reading as speech. A stop consonant's closure is silent
 and a weak consonant sits near the floor, so for those words the rise comes late: an aligner's
-onset (and a synthesizer's word boundary) may sit up to ~120 ms before it, ~180 ms for /f/, /v/ or /θ/
+onset (and a synthesizer's word boundary) may sit up to ~120 ms before it, ~180 ms for /f/ or /θ/
 (:func:`onset_window_ms`).
 
 The refinement uses the same levels once, for one thing the aligner gets wrong: after a pause its
@@ -189,9 +189,9 @@ def _first_phone(word: str) -> str | None:
 #: First phones (espeak-ng mnemonics) whose sound rises after the word begins: stops (the
 #: closure is silent) and weak fricatives and /h/ (they sit near the noise floor).
 _SOFT_ONSETS = frozenset("ptkbdgfvTDhCx")
-#: The weakest fricatives, /f/, /v/ and /θ/: their noise lies mostly above 4 kHz, so in telephone-band
-#: audio nearly all of it is gone and the level rises only at the vowel, up to a whole fricative later.
-_WEAK_FRICATIVES = frozenset("fvT")
+#: The weak voiceless fricatives, /f/ and /θ/: their faint noise is spread far above 4 kHz, so telephone-band
+#: audio keeps little of it and the level rises only at the vowel, up to a whole fricative later.
+_WEAK_FRICATIVES = frozenset("fT")
 #: start - acoustic onset (ms) that a correctly placed word may show: listeners mark a word up to
 #: ~50 ms after its level first rises (a breathy or pre-voiced start: hand-read onsets), and a soft
 #: onset may rise up to ~120 ms after the word begins (synthesizers' and aligners' word boundaries
