@@ -61,9 +61,9 @@ _STOPS = frozenset("ptkbdg")
 _FRICATIVES = frozenset("fvTDhCxsSzZ")
 
 
-def levels_db(x: np.ndarray) -> np.ndarray:
-    """RMS level (dBFS) of ``WINDOW_S`` frames every ``HOP_S``."""
-    hop, win = int(HOP_S * SAMPLE_RATE), int(WINDOW_S * SAMPLE_RATE)
+def levels_db(x: np.ndarray, hop_s: float = HOP_S) -> np.ndarray:
+    """RMS level (dBFS) of ``WINDOW_S`` frames every ``hop_s`` (``WINDOW_S``: frames side by side)."""
+    hop, win = int(round(hop_s * SAMPLE_RATE)), int(WINDOW_S * SAMPLE_RATE)
     if len(x) < win:
         return np.zeros(0)
     n = 1 + (len(x) - win) // hop

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from alignment.onsets import levels_db
 from alignment.text import agreement_key
 from alignment.types import SAMPLE_RATE, WordToken
 
@@ -65,16 +66,6 @@ class Verdict:
         return tuple(not r for r in self.reasons)
 
 
-def levels_db(samples: np.ndarray) -> np.ndarray:
-    """RMS level (dBFS) of consecutive 10 ms frames, clipped at :data:`FLOOR_DBFS`."""
-    hop = int(FRAME_S * SAMPLE_RATE)
-    n = len(samples) // hop
-    if n == 0:
-        return np.zeros(0)
-    x = np.asarray(samples[: n * hop], np.float64).reshape(n, hop)
-    return np.maximum(10.0 * np.log10(np.maximum(np.mean(x * x, axis=1), 1e-20)), FLOOR_DBFS)
-
-
 def compression_ratio(text: str) -> float:
     """Whisper's compression ratio of ``text`` (bytes / zlib-compressed bytes)."""
     data = text.encode("utf-8")
@@ -96,7 +87,7 @@ def judge(
     """
     if len(placed) != len(words):
         raise ValueError("one placed flag per word")
-    levels = levels_db(samples)
+    levels = np.maximum(levels_db(samples, hop_s=FRAME_S), FLOOR_DBFS)  # consecutive 10 ms frames
     floor = float(np.percentile(levels, FLOOR_PERCENTILE)) if levels.size else FLOOR_DBFS
     peak = float(levels.max()) if levels.size else FLOOR_DBFS
     loud = levels >= max(floor + LOUD_DB, peak - SPEECH_RANGE_DB)
