@@ -181,6 +181,65 @@ def test_serve_refuses_a_public_address_without_a_token(capsys, monkeypatch):
         check_exposure("192.0.2.1", ServerConfig(), no_auth=False, command="serve")
 
 
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is ``pid``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_serve_stops_cleanly_when_a_service_manager_stops_it(tmp_path):
+    """``synchrony serve`` stopped with SIGTERM (systemd, ``docker stop``): it shuts down with no traceback,
+    and leaves no ASR lane, no festival process and no work directory behind."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], env=env,
+                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"never ready: {proc.poll()=}")
+        children = _children(proc.pid)
+        assert len(children) >= 2  # ASR lanes and festival's processes
+        assert list(tmp_path.glob("synchrony-festival-*"))
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode in (0, -signal.SIGTERM), out  # uvicorn re-raises the signal once shut down
+    assert "Traceback" not in out and "Error" not in out, out
+    assert not [pid for pid in children if _alive(pid)]
+    assert not list(tmp_path.glob("synchrony-*"))  # (gradio keeps its cache there by design)
+
+
 async def test_metrics_can_ask_for_the_token_and_options_names_ice_servers():
     config = ServerConfig.in_process(**NO_MODELS, auth_token="tok", metrics_auth=True,
                                      ice_servers=(IceServer("stun:192.0.2.1:3478"), IceServer("turn:192.0.2.1:3478")),

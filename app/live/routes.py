@@ -43,7 +43,7 @@ from app.live.session import Session, SessionConfig, Stages
 from app.live.stages import AnswerConfig
 from app.live.turns import TurnConfig
 from app.live.video_encoder import install as install_lean_encoder
-from app.live.warmup import WarmState, warm_up
+from app.live.warmup import WarmState, release, warm_up
 from models.http_client import close_shared_client
 
 log = logging.getLogger("synchrony.server")
@@ -88,6 +88,7 @@ class LiveServer:
                                 metrics_auth=config.metrics_auth, rejected=self.metrics.rejected,
                                 offers=OfferRateLimit(config.offer_rate_per_s, config.offer_burst))
         # Warm-up starts now, so model loading overlaps building the page (Gradio) and server start-up.
+        self.owns_stages = stages is None  # stages handed in are the caller's to release
         if stages is not None:
             self.warm.stages = stages
             self.finish_warmup()
@@ -125,7 +126,8 @@ class LiveServer:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
-        """Watch the event loop's lag and measure capacity while serving; close every session at the end."""
+        """Watch the event loop's lag and measure capacity while serving; at the end close every session,
+        then release the shared models this server warmed up."""
         tracing.configure()  # OTEL_* set: traces of each session (off and not imported otherwise)
         quiet_closed_transport_errors(asyncio.get_running_loop())
         loop_watch = asyncio.create_task(self.metrics.loop_lag.watch(), name="event-loop-lag")
@@ -136,6 +138,8 @@ class LiveServer:
         await asyncio.gather(*(s.close("server shutdown") for s in list(self.sessions.values())),
                              return_exceptions=True)
         await close_shared_client()
+        if self.owns_stages:
+            await release(self.warm.stages)
         await asyncio.to_thread(tracing.shutdown)
 
     def lst_snapshot(self) -> JSONBody | None:

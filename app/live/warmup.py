@@ -5,6 +5,7 @@ server says ready, so no session pays a cold start; what each took is kept for `
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -74,6 +75,15 @@ def warm_up(config: ServerConfig, state: WarmState) -> None:
     if config.tts != "off":  # spoken answers: not a stage of ``config.stages``, ``tts`` switches them
         _attempt(config, state, "tts", lambda: _warm_voice(config, state), always=True)
     asr_thread.join()
+
+
+async def release(stages: Stages) -> None:
+    """End what ``warm_up`` started for a server that is shutting down: the ASR lanes (child processes)
+    and the answer's synthesizer (festival processes and their work directory). Sessions are closed first."""
+    if stages.asr_worker is not None:
+        await asyncio.to_thread(stages.asr_worker.stop)
+    if stages.voice is not None:
+        await stages.voice.synthesizer.aclose()
 
 
 def warmup_frame(config: ServerConfig) -> np.ndarray:

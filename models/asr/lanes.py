@@ -165,16 +165,20 @@ def lane_main(conn: Connection, whisper_path: str | None, config: StreamingConfi
     while True:
         try:
             msg: LaneRequest = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the parent closed its end or exited: nothing left to answer
+            return
+        if isinstance(msg, Stop):
             return
         try:
-            if isinstance(msg, Stop):
-                return
-            conn.send(_answer(msg, engine, config, streams))
+            reply: LaneReply = _answer(msg, engine, config, streams)
         except Exception as exc:  # noqa: BLE001 - the parent closes that stream; the lane goes on
             if isinstance(msg, Job):
                 streams.pop(msg.sid, None)
-            conn.send(Failed(f"{type(exc).__name__}: {exc}"))
+            reply = Failed(f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(reply)
+        except OSError:  # the parent went away while this request was decoded
+            return
 
 
 def _answer(msg: Warmup | WarmStream | Job, engine: Engine, config: StreamingConfig,

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import wave
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,6 +237,7 @@ class FestivalTTS:
         self.max_waiting = max_waiting
         self._workdir = Path(tempfile.mkdtemp(prefix="synchrony-festival-"))
         self._procs = [_FestivalProcess(voice, self._workdir, i) for i in range(processes)]
+        weakref.finalize(self, _leave_nothing, self._procs, self._workdir)
         self._idle: queue.SimpleQueue[_FestivalProcess] = queue.SimpleQueue()
         for p in self._procs:
             self._idle.put(p)
@@ -357,9 +359,11 @@ class FestivalTTS:
             p.kill()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def __del__(self) -> None:  # a pool nobody closed must not leave festival processes or files behind
-        for p in getattr(self, "_procs", ()):
-            if p.proc is not None and p.proc.poll() is None:
-                p.proc.kill()
-        if hasattr(self, "_workdir"):
-            shutil.rmtree(self._workdir, ignore_errors=True)
+
+def _leave_nothing(procs: list[_FestivalProcess], workdir: Path) -> None:
+    """A pool nobody closed (collected, or still open at interpreter exit) leaves no festival process
+    or work directory behind."""
+    for p in procs:
+        if p.proc is not None and p.proc.poll() is None:
+            p.proc.kill()
+    shutil.rmtree(workdir, ignore_errors=True)
