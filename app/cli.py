@@ -8,6 +8,7 @@ Exit codes scripts can rely on: 0 done; 1 internal error; 2 bad input or usage (
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -19,6 +20,8 @@ from app.live.config import ServerConfig
 from app.live.stages import Stage
 
 if TYPE_CHECKING:
+    import socket
+
     from app.live.ice import IceServer
     from app.live.server import Tls
 
@@ -140,6 +143,22 @@ def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
     )
 
 
+def _listen(args: argparse.Namespace, command: str) -> socket.socket | None:
+    """The server's socket on ``--host``/``--port``, bound before any model or node starts; None (and one line
+    saying why) when the address is taken or not this machine's."""
+    from app.live.server import listening_socket
+
+    try:
+        return listening_socket(args.host, args.port)
+    except OSError as exc:
+        hint = {errno.EADDRINUSE: " (another server there? choose another --port)",
+                errno.EADDRNOTAVAIL: " (not an address of this machine; --host 0.0.0.0 listens on all of them)",
+                errno.EACCES: " (ports below 1024 need privileges; choose another --port)"}.get(exc.errno or 0, "")
+        print(f"synchrony {command}: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}{hint}",
+              file=sys.stderr)
+        return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         config = server_config(args)
@@ -159,14 +178,17 @@ def run_server(args: argparse.Namespace, config: ServerConfig) -> int:
     except UsageError as exc:
         print(f"synchrony serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from app.live.server import serve
+
+    sock = _listen(args, "serve")
+    if sock is None:
+        return EXIT_BAD_INPUT
     bound_native_memory()  # before models load and codec threads start
     if config.asr_processes and Stage.ASR in config.stages:
         from app.live.asr_prestart import start_lanes
 
         start_lanes(config.asr_lanes, config.whisper_path)  # they load Whisper while the server imports
-    from app.live.server import serve
-
-    serve(args.host, args.port, config, tls)
+    serve(sock, config, tls)
     return EXIT_OK
 
 
@@ -185,8 +207,11 @@ def _cluster(args: argparse.Namespace) -> int:
         print(f"synchrony cluster: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     config = RegistryConfig(server=server, node_host=args.node_host)
+    sock = _listen(args, "cluster")
+    if sock is None:
+        return EXIT_BAD_INPUT
     try:
-        serve_cluster(args.host, args.port, config, ray_address=args.ray_address, local_nodes=args.local_nodes,
+        serve_cluster(sock, config, ray_address=args.ray_address, local_nodes=args.local_nodes,
                       node_cpus=args.node_cpus, pin_nodes=args.pin_nodes, tls=tls)
     except NoRayCluster as exc:
         print(f"synchrony cluster: {exc}", file=sys.stderr)

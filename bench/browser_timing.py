@@ -132,8 +132,8 @@ async def main() -> int:
     base = f"http://127.0.0.1:{port}"
     # The ASR lanes in processes, as `synchrony serve` runs them.
     tts = "festival" if args.echo_cancellation else "off"
-    code = (f"from app.live.server import ServerConfig, serve; "
-            f"serve('127.0.0.1', {port}, ServerConfig.in_process(asr_processes=True, tts={tts!r}))")
+    code = (f"from app.live.server import ServerConfig, listening_socket, serve; "
+            f"serve(listening_socket('127.0.0.1', {port}), ServerConfig.in_process(asr_processes=True, tts={tts!r}))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

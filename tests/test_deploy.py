@@ -181,6 +181,27 @@ def test_serve_refuses_a_public_address_without_a_token(capsys, monkeypatch):
         check_exposure("192.0.2.1", ServerConfig(), no_auth=False, command="serve")
 
 
+def test_a_taken_port_is_one_line_before_anything_starts(capsys):
+    """Another server on the port (``make run`` twice): one line saying so, exit 2, and no model, lane or Ray
+    node started to be torn down again."""
+    import socket
+
+    from app.live import asr_prestart
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert main(["serve", "--port", port]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another --port" in err
+        assert "Traceback" not in err and not asr_prestart._started and not asr_prestart._starting
+        assert main(["cluster", "--port", port, "--local-nodes", "1"]) == 2
+        assert "choose another --port" in capsys.readouterr().err
+    assert main(["serve", "--host", "192.0.2.1", "--no-auth", "--port", port]) == 2  # TEST-NET: not this machine
+    assert "not an address of this machine" in capsys.readouterr().err
+
+
 def _children(pid: int) -> list[int]:
     """Live (not zombie) processes whose parent is ``pid``."""
     out = []

@@ -40,6 +40,8 @@ from app.live.offer import (
 from app.live.ratelimit import OfferRateLimit
 
 if TYPE_CHECKING:
+    import socket
+
     from app.live.server import Tls
 
 log = logging.getLogger("synchrony.cluster")
@@ -292,14 +294,15 @@ class NoRayCluster(RuntimeError):
     """``synchrony cluster`` found no Ray cluster to join."""
 
 
-def serve_cluster(host: str, port: int, config: RegistryConfig, ray_address: str | None = None,
+def serve_cluster(sock: socket.socket, config: RegistryConfig, ray_address: str | None = None,
                   local_nodes: int = 0, node_cpus: int = 1, pin_nodes: bool = False, tls: Tls | None = None) -> None:
-    """Run the ingress until interrupted (blocking): on a running Ray cluster, or on a local one it starts."""
+    """Run the ingress on ``sock`` (``app.live.server.listening_socket``) until interrupted (blocking): on a
+    running Ray cluster, or on a local one it starts."""
     import ray
-    import uvicorn
 
     from app.cluster.local import start_local_cluster, stop_local_cluster
     from app.cluster.registry import NAMESPACE
+    from app.live.server import run_until_stopped
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
@@ -311,8 +314,7 @@ def serve_cluster(host: str, port: int, config: RegistryConfig, ray_address: str
         raise NoRayCluster(f"no Ray cluster at {ray_address!r} ({exc}); start one (`ray start --head`, "
                            "nodes with --resources '{\"synchrony_node\": 1}') or pass --local-nodes N") from None
     try:
-        uvicorn.run(create_ingress_app(config), host=host, port=port, log_level="info", proxy_headers=False,
-                    **(tls.uvicorn() if tls else {}))
+        run_until_stopped(create_ingress_app(config), sock, tls)
     finally:
         if cluster is not None:
             stop_local_cluster(cluster)

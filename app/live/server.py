@@ -1,7 +1,7 @@
 """The live server: WHIP signaling (RFC 9725) for aiortc sessions, metrics, health, the Gradio page.
 
 ``create_app(config)`` builds the FastAPI app (tests use it directly) from the handlers of
-``app.live.routes``; ``serve(host, port, config)`` runs it under uvicorn, over TLS when given a
+``app.live.routes``; ``serve(listening_socket(host, port), config)`` runs it under uvicorn, over TLS when given a
 certificate and key (browsers open the camera only on HTTPS pages or localhost; docs/DEPLOY.md).
 Every model is loaded and run once at start-up (in a thread, ``app.live.warmup``) before ``/readyz``
 says ready; the per-model cold-start breakdown is logged, exported on ``/metrics`` and returned by
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,8 @@ from app.live.offer import allow_cross_origin
 from app.live.routes import LiveServer
 from app.live.session import Stages
 
-__all__ = ["STATIC_DIR", "ServerConfig", "Tls", "create_app", "running_server", "serve"]
+__all__ = ["STATIC_DIR", "ServerConfig", "Tls", "create_app", "listening_socket", "run_until_stopped",
+           "running_server", "serve"]
 
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -119,13 +121,36 @@ async def running_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
         await task
 
 
-def serve(host: str, port: int, config: ServerConfig, tls: Tls | None = None) -> None:
-    """Run the server until interrupted (blocking)."""
-    import uvicorn
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's TCP socket, bound before anything else starts: a port already in use is a one-line
+    error, not a warm-up torn down half way. ``OSError`` when it cannot be bound."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
+
+def serve(sock: socket.socket, config: ServerConfig, tls: Tls | None = None) -> None:
+    """Run the server on ``sock`` (from :func:`listening_socket`) until interrupted (blocking)."""
     from app.live.ice import host_candidates
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    host_candidates(host)  # a loopback server keeps its media on loopback; one bound to an address, there
-    uvicorn.run(create_app(config), host=host, port=port, log_level="info", proxy_headers=False,
-                **(tls.uvicorn() if tls else {}))
+    host_candidates(sock.getsockname()[0])  # a loopback server keeps its media on loopback; one on an address, there
+    run_until_stopped(create_app(config), sock, tls)
+
+
+def run_until_stopped(app: FastAPI, sock: socket.socket, tls: Tls | None = None) -> None:
+    """``app`` under uvicorn on ``sock`` until Ctrl+C or SIGTERM (blocking); says where it serves."""
+    import uvicorn
+
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,
+                                           **(tls.uvicorn() if tls else {})))
+    logging.getLogger("synchrony.server").info("serving on %s://%s:%d (Ctrl+C stops)", "https" if tls else "http",
+                                               f"[{host}]" if ":" in host else host, port)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C is how it is meant to stop
+        server.run(sockets=[sock])
