@@ -145,9 +145,11 @@ def server_config(args: argparse.Namespace, ui: bool = True) -> ServerConfig:
 
 def _listen(args: argparse.Namespace, command: str) -> socket.socket | None:
     """The server's socket on ``--host``/``--port``, bound before any model or node starts; None (and one line
-    saying why) when the address is taken or not this machine's."""
-    from app.live.server import listening_socket
+    saying why) when the address is taken or not this machine's. From here on a SIGTERM stops the server through
+    its shutdown, even one that arrives while it starts."""
+    from app.live.server import listening_socket, stop_gracefully_on_sigterm
 
+    stop_gracefully_on_sigterm()
     try:
         return listening_socket(args.host, args.port)
     except OSError as exc:

@@ -49,6 +49,8 @@ from models.http_client import close_shared_client
 log = logging.getLogger("synchrony.server")
 
 JSONBody = dict[str, object]
+#: a server stopped during warm-up waits this long for the stage under way (one model load or first run)
+WARM_STOP_WAIT_S = 30.0
 
 
 def session_config(config: ServerConfig) -> SessionConfig:
@@ -89,11 +91,13 @@ class LiveServer:
                                 offers=OfferRateLimit(config.offer_rate_per_s, config.offer_burst))
         # Warm-up starts now, so model loading overlaps building the page (Gradio) and server start-up.
         self.owns_stages = stages is None  # stages handed in are the caller's to release
+        self.warming: threading.Thread | None = None
         if stages is not None:
             self.warm.stages = stages
             self.finish_warmup()
         elif config.warmup:
-            threading.Thread(target=self._warm_thread, name="warm-up", daemon=True).start()
+            self.warming = threading.Thread(target=self._warm_thread, name="warm-up", daemon=True)
+            self.warming.start()
         else:
             self.finish_warmup()
 
@@ -139,6 +143,9 @@ class LiveServer:
                              return_exceptions=True)
         await close_shared_client()
         if self.owns_stages:
+            self.warm.stopping.set()  # stopped while warming up: finish the stage under way, start no other
+            if self.warming is not None:
+                await asyncio.to_thread(self.warming.join, WARM_STOP_WAIT_S)
             await release(self.warm.stages)
         await asyncio.to_thread(tracing.shutdown)
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -26,8 +28,11 @@ from app.live.offer import allow_cross_origin
 from app.live.routes import LiveServer
 from app.live.session import Stages
 
+if TYPE_CHECKING:
+    import uvicorn
+
 __all__ = ["STATIC_DIR", "ServerConfig", "Tls", "create_app", "listening_socket", "run_until_stopped",
-           "running_server", "serve"]
+           "running_server", "serve", "stop_gracefully_on_sigterm"]
 
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -134,6 +139,33 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _StopWhileStarting:
+    """SIGTERM before uvicorn serves (imports, warm-up, a Ray cluster starting) would kill the process on the spot
+    and leave its lanes' and festival's files behind; instead it is remembered, and the server shuts down through
+    its lifespan as soon as uvicorn runs. Once uvicorn serves it handles SIGTERM itself."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.server: uvicorn.Server | None = None
+
+    def __call__(self, _signum: int, _frame: object) -> None:
+        self.requested = True
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def attach(self, server: uvicorn.Server) -> None:
+        self.server = server
+        server.should_exit = server.should_exit or self.requested
+
+
+_stop_while_starting = _StopWhileStarting()
+
+
+def stop_gracefully_on_sigterm() -> None:
+    """From now on a SIGTERM shuts the server down cleanly, however early it comes (main thread only)."""
+    signal.signal(signal.SIGTERM, _stop_while_starting)
+
+
 def serve(sock: socket.socket, config: ServerConfig, tls: Tls | None = None) -> None:
     """Run the server on ``sock`` (from :func:`listening_socket`) until interrupted (blocking)."""
     from app.live.ice import host_candidates
@@ -152,5 +184,6 @@ def run_until_stopped(app: FastAPI, sock: socket.socket, tls: Tls | None = None)
                                            **(tls.uvicorn() if tls else {})))
     logging.getLogger("synchrony.server").info("serving on %s://%s:%d (Ctrl+C stops)", "https" if tls else "http",
                                                f"[{host}]" if ":" in host else host, port)
+    _stop_while_starting.attach(server)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C is how it is meant to stop
         server.run(sockets=[sock])

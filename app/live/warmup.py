@@ -41,6 +41,8 @@ class WarmState:
     cold_start: dict[str, dict[str, float]] = field(default_factory=dict)
     ready: bool = False
     started: float = field(default_factory=time.monotonic)
+    #: set when the server stops during warm-up: the stages not yet begun are skipped
+    stopping: threading.Event = field(default_factory=threading.Event)
     ready_after_s: float | None = None
 
     def timed(self, model: str, phase: str, fn: Callable[[], T]) -> T:
@@ -106,6 +108,9 @@ def _attempt(config: ServerConfig, state: WarmState, name: str, fn: Callable[[],
     missing = state.stages.missing
     if name not in config.stages and not always:
         missing[name] = "disabled by configuration"
+        return
+    if state.stopping.is_set():
+        missing[name] = "server stopping"
         return
     try:
         fn()

@@ -161,7 +161,10 @@ def lane_main(conn: Connection, whisper_path: str | None, config: StreamingConfi
     engine = get_engine("whisper", load_whisper(whisper_path) if whisper_path else None, int8=config.int8)
     warm_this_thread()
     streams: dict[str, StreamingASR] = {}
-    conn.send(Ready())
+    try:
+        conn.send(Ready())
+    except OSError:  # the parent stopped while this lane loaded
+        return
     while True:
         try:
             msg: LaneRequest = conn.recv()
