@@ -330,6 +330,57 @@ def test_late_finals_count_as_overload_before_the_median_word_does():
     assert not OverloadSignal(0.5, 2.0, 0.0, 0.2, 1.2, 0.6 * 2.5).overloaded()
 
 
+def test_late_words_with_a_core_to_spare_are_not_overload():
+    """Late finals on a machine with a core idle are the recogniser's own waits (an utterance's end, an unsure
+    word's guard): shedding work would only make decodes rarer. With no core to spare they count as before;
+    an ASR backlog and a full CPU share count whatever the machine does."""
+    from app.live.degrade import OverloadSignal
+
+    late = dict(cpu_cores=0.8, usable_cores=2.0, asr_backlog_s=0.0, word_latency_s=0.9, final_latency_s=1.3,
+                final_limit_s=0.9)
+    assert OverloadSignal(**late, spare_cores=0.2).why() == ["median word latency 0.90 s", "finals p90 1.30 s > 0.90 s"]
+    assert not OverloadSignal(**late, spare_cores=0.9).overloaded()
+    assert OverloadSignal(**{**late, "asr_backlog_s": 0.6}, spare_cores=0.9).why() == ["ASR backlog 0.60 s"]
+
+
+def test_spare_cores_see_another_process_taking_the_cpu():
+    """The spare-core reading counts every process's work on this process's CPUs, not only its own."""
+    import multiprocessing
+    import os
+    import time
+
+    from app.live.cpu_account import SpareCores
+
+    cpus = sorted(os.sched_getaffinity(0))
+    spare = SpareCores()
+    assert spare.sample(0.0, float(len(cpus))) is None  # the first call only starts the interval
+    time.sleep(0.5)
+    quiet = spare.sample(0.0, float(len(cpus)))
+    ctx = multiprocessing.get_context("spawn")
+    hogs = [ctx.Process(target=_spin, args=(1.5,)) for _ in cpus]
+    for h in hogs:
+        h.start()
+    time.sleep(0.5)  # (started)
+    spare.sample(0.0, float(len(cpus)))
+    time.sleep(0.8)
+    busy = spare.sample(0.0, float(len(cpus)))
+    for h in hogs:
+        h.join()
+    assert quiet is not None and busy is not None
+    assert busy < 0.35 < quiet, (quiet, busy)
+    time.sleep(0.3)
+    capped = spare.sample(1.9, 2.0)  # a quota (or this process's own work) caps it
+    assert capped is not None and capped <= 0.1 + 1e-9
+
+
+def _spin(seconds: float) -> None:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
 def test_shed_steps_are_a_floor_the_overload_order_starts_above():
     from app.live.degrade import Degradation, OverloadSignal
 

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from app.live.config import ServerConfig
-from app.live.cpu_account import Capacity, CapacityEstimate, CpuAccount
+from app.live.cpu_account import Capacity, CapacityEstimate, CpuAccount, SpareCores
 from app.live.degrade import FINAL_SHARE_OF_DELAY, ORDER, Degradation, OverloadSignal
 from app.live.server_metrics import ServerMetrics
 
@@ -30,6 +30,7 @@ class Admission:
         self.config = config
         self.metrics = metrics
         self.account = CpuAccount()
+        self.spare = SpareCores()
         self.capacity = CapacityEstimate(config.session_cost_cores, target_utilisation=config.target_utilisation,
                                          max_sessions=config.max_sessions)
         self.current: Capacity = self.capacity.current()
@@ -42,12 +43,14 @@ class Admission:
         metrics = self.metrics
         metrics.stage_cpu_totals(self.account.sample())
         now = self.current = self.capacity.update(live)
+        spare = self.spare.sample(self.capacity.rate, self.capacity.cores)
         backlog = worker.stats().oldest_wait_s if worker is not None else 0.0
         before = self.degradation.level
         signal = None
         if live:
             signal = OverloadSignal(self.capacity.rate, self.capacity.cores, backlog, metrics.word_latency_median(),
-                                    metrics.final_latency_high(), FINAL_SHARE_OF_DELAY * self.config.output_delay_s)
+                                    metrics.final_latency_high(), FINAL_SHARE_OF_DELAY * self.config.output_delay_s,
+                                    spare or 0.0)
             level = self.degradation.update(signal, time.monotonic())
         else:  # no session has work to shed (the CPU is the warm-up's, or another process's): none is shed
             level = self.degradation.reset(time.monotonic())

@@ -193,6 +193,42 @@ def usable_cores() -> float:
     return cores
 
 
+def _cpu_ticks(cpus: frozenset[int]) -> tuple[int, int]:
+    """(idle, total) clock ticks of ``cpus`` so far, from /proc/stat (idle includes I/O wait)."""
+    idle = total = 0
+    with open("/proc/stat") as fh:
+        for line in fh:
+            name, *fields = line.split()
+            if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+                continue
+            ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+            idle += ticks[3] + ticks[4]
+            total += sum(ticks)
+    return idle, total
+
+
+class SpareCores:
+    """Cores this process could have used but nobody did, since the last :meth:`sample`: the idle share of
+    the CPUs it may run on (every process's work counts, so a neighbour taking them shows), capped by what
+    its cgroup quota left it. None where /proc/stat cannot be read, or on the first call."""
+
+    def __init__(self) -> None:
+        self.cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+        self._last: tuple[int, int] | None = None
+
+    def sample(self, own_rate: float, usable: float) -> float | None:
+        """``own_rate``: this process's CPU (cores) over the same interval; ``usable``: :func:`usable_cores`."""
+        try:
+            ticks = _cpu_ticks(self.cpus)
+        except (OSError, ValueError):
+            return None
+        last, self._last = self._last, ticks
+        if last is None or ticks[1] <= last[1]:
+            return None
+        idle = (ticks[0] - last[0]) / (ticks[1] - last[1]) * len(self.cpus)
+        return max(min(idle, usable - own_rate), 0.0)
+
+
 @dataclass(frozen=True)
 class Capacity:
     """What admission decides from: the sessions to admit and the figures they come from."""

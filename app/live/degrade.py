@@ -9,7 +9,8 @@ so the cheaper-to-lose work goes first, one step at a time (docs/WIRE.md, "Under
 3. ``asr_step``: the streaming ASR re-decodes every 0.3 s of new speech instead of 0.15 s.
 
 Overload is read from the process's CPU share and from the ASR falling behind (audio waiting for a
-lane, slow tokens, late finals), since other processes can take the cores unseen by the CPU share.
+lane, slow tokens, late finals), since other processes can take the cores unseen by the CPU share; late
+words count only while the machine has no core to spare (otherwise they are the recogniser's own waits).
 After ``enter_s`` of overload it takes the next step; after ``leave_s`` without, it gives one back.
 ``synchrony serve --shed N`` takes the first N steps for good (the ``floor``).
 """
@@ -24,6 +25,10 @@ from app.live.stages import Stage
 ORDER = ("au_rate", "video_quality", "asr_step")
 #: Finals later than this share of the output delay (after their word's end) count as overload.
 FINAL_SHARE_OF_DELAY = 0.6
+#: Late words count as overload only while fewer cores than this sit idle: with a core to spare they are the
+#: recogniser's own waits (an utterance's end, an unsure word's guard, speech over the answer), which shedding
+#: work cannot bring forward (it only makes decodes rarer), not a CPU short of time.
+SPARE_CORES_FOR_LATE_WORDS = 0.5
 #: The stage each step sheds work from.
 STEP_STAGE: dict[str, Stage] = {"au_rate": Stage.AU, "video_quality": Stage.RENDER, "asr_step": Stage.ASR}
 
@@ -54,6 +59,7 @@ class OverloadSignal:
     word_latency_s: float = 0.0  # median word end → token latency of the last 2 s' tokens, all sessions
     final_latency_s: float = 0.0  # 90th percentile word end → final latency of the last 2 s' finals
     final_limit_s: float = FINAL_SHARE_OF_DELAY * 1.5  # finals later than this put captions at risk
+    spare_cores: float = 0.0  # cores left idle over the interval (``cpu_account.SpareCores``; 0: unknown)
 
     def overloaded(self, cpu_share: float = 0.95, backlog_s: float = 0.3, word_latency_s: float = 0.8) -> bool:
         return bool(self.why(cpu_share, backlog_s, word_latency_s))
@@ -65,6 +71,8 @@ class OverloadSignal:
             out.append(f"CPU {self.cpu_cores:.2f} of {self.usable_cores:.2f} cores")
         if self.asr_backlog_s > backlog_s:
             out.append(f"ASR backlog {self.asr_backlog_s:.2f} s")
+        if self.spare_cores >= SPARE_CORES_FOR_LATE_WORDS:
+            return out
         if self.word_latency_s > word_latency_s:
             out.append(f"median word latency {self.word_latency_s:.2f} s")
         if self.final_latency_s > self.final_limit_s:
