@@ -81,11 +81,18 @@ def warm_up(config: ServerConfig, state: WarmState) -> None:
 
 async def release(stages: Stages) -> None:
     """End what ``warm_up`` started for a server that is shutting down: the ASR lanes (child processes)
-    and the answer's synthesizer (festival processes and their work directory). Sessions are closed first."""
-    if stages.asr_worker is not None:
-        await asyncio.to_thread(stages.asr_worker.stop)
-    if stages.voice is not None:
-        await stages.voice.synthesizer.aclose()
+    and the answer's synthesizer (festival processes and their work directory). Sessions are closed first.
+    One that fails is logged, and the rest are still released."""
+    try:
+        if stages.asr_worker is not None:
+            await asyncio.to_thread(stages.asr_worker.stop)
+    except Exception as exc:  # noqa: BLE001 - shutting down: say what was left, release the rest
+        log.warning("shutdown: the ASR lanes were not stopped: %s", exc)
+    try:
+        if stages.voice is not None:
+            await stages.voice.synthesizer.aclose()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("shutdown: the voice was not closed: %s", exc)
 
 
 def warmup_frame(config: ServerConfig) -> np.ndarray:
