@@ -149,9 +149,8 @@ def _listen(args: argparse.Namespace, command: str) -> socket.socket | None:
     its shutdown, even one that arrives while it starts."""
     from app.live.server import listening_socket, stop_gracefully_on_sigterm
 
-    stop_gracefully_on_sigterm()
     try:
-        return listening_socket(args.host, args.port)
+        sock = listening_socket(args.host, args.port)
     except OSError as exc:
         hint = {errno.EADDRINUSE: " (another server there? choose another --port)",
                 errno.EADDRNOTAVAIL: " (not an address of this machine; --host 0.0.0.0 listens on all of them)",
@@ -159,6 +158,8 @@ def _listen(args: argparse.Namespace, command: str) -> socket.socket | None:
         print(f"synchrony {command}: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}{hint}",
               file=sys.stderr)
         return None
+    stop_gracefully_on_sigterm()  # only for a server that will run (not for a caller whose bind failed)
+    return sock
 
 
 def _serve(args: argparse.Namespace) -> int:

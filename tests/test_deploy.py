@@ -202,26 +202,6 @@ def test_a_taken_port_is_one_line_before_anything_starts(capsys):
     assert "not an address of this machine" in capsys.readouterr().err
 
 
-def _children(pid: int) -> list[int]:
-    """Live (not zombie) processes whose parent is ``pid``."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("when", ["starting", "ready"])
 def test_serve_stops_cleanly_when_a_service_manager_stops_it(tmp_path, when):
     """``synchrony serve`` stopped with SIGTERM (systemd, ``docker stop``), while it starts (models warming up,
@@ -231,6 +211,8 @@ def test_serve_stops_cleanly_when_a_service_manager_stops_it(tmp_path, when):
     import socket
     import subprocess
     import sys
+
+    import psutil
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -258,7 +240,7 @@ def test_serve_stops_cleanly_when_a_service_manager_stops_it(tmp_path, when):
             else:
                 pytest.fail(f"never ready: {proc.poll()=}")
             assert list(tmp_path.glob("synchrony-festival-*"))
-        children = _children(proc.pid)
+        children = psutil.Process(proc.pid).children(recursive=True)
         assert children  # the ASR lanes start first
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
@@ -267,7 +249,7 @@ def test_serve_stops_cleanly_when_a_service_manager_stops_it(tmp_path, when):
     out = "".join(head) + out
     assert proc.returncode in (0, -signal.SIGTERM), out  # uvicorn re-raises the signal once shut down
     assert "Traceback" not in out and "Error" not in out, out
-    assert not [pid for pid in children if _alive(pid)]
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not list(tmp_path.glob("synchrony-*"))  # (gradio keeps its cache there by design)
 
 
