@@ -196,6 +196,7 @@ class EchoCanceller:
         self._ef = self._eb = self._df = 0.0  # smoothed error energies of the two filters, and the mic's
         self._erle_d = self._erle_e = 0.0  # smoothed mic / foreground-output energy while echo plays
         self._trusted = False
+        self._ever_trusted = False  # the locked filter has cancelled at some point (until the lock goes)
         self._untrusted = 0  # samples of played audio the locked filter has gone untrusted over
         self._pxx = np.full(bins, 1e-6, np.float32)
         self._err = np.zeros(self.B, np.float32)  # previous block's output (suppression frame)
@@ -281,11 +282,21 @@ class EchoCanceller:
         if not self._trusted:  # latched until the delay moves: the user talking over it lowers the ERLE
             ratio = 10 ** (self.config.trust_erle_db / 10)
             self._trusted = self._erle_d > ratio * self._erle_e and self._erle_d > 1e-6
+            self._ever_trusted |= self._trusted
         elif self._ef > 10 ** (self.config.distrust_db / 10) * self._df:
             # ... but not when the filter's output is louder than the mic: the user talking over the echo never
             # does that, a filter gone wrong (the path moved under it) does
             self._trusted = False
         return self._trusted
+
+    @property
+    def _bound_serves(self) -> bool:
+        """The mic's bound caps the coupling: no echo found yet, or a lock whose filter has never cancelled. A
+        click just after an answer's first sound can lock a delay in a session with no echo (the load test's
+        sync marker did, every loop); taken as echo before its filter shows it, that lock set the bound aside
+        and the prior floored the user under the answer. A lock trusted once and then distrusted (the path
+        moved under the filter) keeps the coupling floor instead: its output may hold more than the mic did."""
+        return self.delay is None or not self._ever_trusted
 
     # ---- the mic side ----------------------------------------------------------------------------
     def process(self, chunk: AudioChunk) -> AudioChunk:
@@ -334,8 +345,9 @@ class EchoCanceller:
     def settled(self) -> bool:
         """What the mic holds of the answer's echo is known: past the span where the current answer's echo may be
         first arriving (its first sound + ``max_delay_s`` + ``return_slack_s``), with a lock whose filter cancels or
-        with no lock and the mic's bound in force. Otherwise (the prior, or a lock not yet trusted) a short burst
-        of residual echo can pass for speech."""
+        with no lock and the mic's bound in force. Otherwise (the prior, or a lock not yet trusted, even under the
+        bound: on the tuning scenes that let one noise burst through as speech) a short burst of residual echo can
+        pass for speech."""
         if self._answer_sound is None or self._mic_end - self._answer_sound <= self._arrival_span:
             return False
         return self.trusted if self.delay is not None else not self._prior_holds
@@ -352,8 +364,8 @@ class EchoCanceller:
         someone else. A rise within it is suspect for ``suspect_s``: a GCC-PHAT peak at a lag the answer could have
         reached says it is echo (the user's voice does not correlate with the answer's) and the prior comes back."""
         cfg = self.config
-        if self.delay is not None or self._prior_holds or not self._watching:
-            self._suspect_until = None  # a delay found meanwhile decides it: the suppressor knows where echo is
+        if not self._bound_serves or self._prior_holds or not self._watching:
+            self._suspect_until = None  # a lock that cancels decides it: the suppressor knows where echo is
             return
         if end < self._next_return_check:
             return
@@ -462,7 +474,7 @@ class EchoCanceller:
         self._hb[:] = 0
         self._ef = self._eb = self._df = 0.0
         self._erle_d = self._erle_e = 0.0
-        self._trusted = False
+        self._trusted = self._ever_trusted = False
         self._untrusted = 0
         self.delay = self._candidate = None
 
@@ -516,13 +528,13 @@ class EchoCanceller:
         eb = self._to_bands(np.abs(spec) ** 2)
         if center is not None:  # coupling against the aligned frames, applied over the widened range
             self._learn_coupling(eb, self._predicted_far(n, int(self.config.pre_delay_s * SAMPLE_RATE), center))
-        if self.delay is None:  # the bound serves only until an echo is found (no linear filter yet: e is d)
+        if self._bound_serves:  # until an echo is found and cancelled (before, the filter's output is about d)
             self._bound_coupling(n, d, eb)
         if self.trusted:
             coupling = np.maximum(self._coupling, self.config.min_coupling)
         else:
             coupling = np.maximum(self._coupling, self.config.coarse_coupling_floor)
-            if self.delay is None and not self._prior_holds:  # no echo found yet: what the mic showed bounds it
+            if self._bound_serves and not self._prior_holds:  # no echo cancelled yet: what the mic showed bounds it
                 coupling = np.minimum(coupling, self._cap)
         ratio = self.config.over * coupling * s / (eb + 1e-10)
         gain = np.clip(1.0 - ratio, self.config.floor, 1.0)
