@@ -33,6 +33,21 @@ def test_loop_clip_loops_without_drift(loop_clip):
     assert truth.period_s == pytest.approx(n / SAMPLE_RATE)
 
 
+def test_the_peers_mic_carries_a_noise_floor_unless_told_not_to(loop_clip):
+    """A live mic always carries noise, and the server's echo canceller reads digital silence as a muted or gated
+    sender (it bounds nothing): the load test's peers send a floor by default, zeros when asked."""
+    args = cli.build_parser().parse_args(["--spawn-server"])
+    assert args.mic_noise_dbfs == config.DEFAULT_MIC_NOISE_DBFS
+    assert cli.build_parser().parse_args(["--spawn-server", "--mic-noise-dbfs", "none"]).mic_noise_dbfs is None
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--spawn-server", "--mic-noise-dbfs", "-3"])
+    noisy = loopclip.make_loop_clip(config.DEFAULT_TEXT, 0.0, (160, 120), 25.0, mic_noise_dbfs=-70.0)
+    lead_in = slice(0, int(0.2 * SAMPLE_RATE))  # before the first marker (0.22 s) and the speech
+    level = 10 * np.log10(np.mean(noisy.audio[lead_in] ** 2))
+    assert -71.0 < level < -69.0 and not np.any(noisy.audio[lead_in] == 0.0)
+    assert not np.any(loop_clip.audio[lead_in]), "without a floor the lead-in is digital silence"
+
+
 def _token_events(truth: lm.ClipTruth, reps: int, lag: float, delay: float, skip: set[int]):
     """Token messages for every word, stamped ``lag`` early on the server clock, arriving ``delay`` after the end."""
     out, k = [], 0

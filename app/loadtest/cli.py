@@ -23,6 +23,7 @@ from pathlib import Path
 
 from alignment.json_types import JsonObject
 from app.loadtest.config import (
+    DEFAULT_MIC_NOISE_DBFS,
     DEFAULT_TEXT,
     DEFAULT_VOICE,
     EXIT_BOUND,
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "avatar's video m-line (the answer comes back as audio and text only)")
     p.add_argument("--voice", default=DEFAULT_VOICE, help="the peers' voice: festival:<voice> or an espeak-ng "
                    "voice (default %(default)s; answers speak festival slt_hts)")
+    p.add_argument("--mic-noise-dbfs", type=_dbfs_or_none, default=DEFAULT_MIC_NOISE_DBFS,
+                   help="the peers' microphone noise floor, RMS dBFS (default %(default)s, as a live mic carries); "
+                   "'none' sends digital silence between utterances, as a muted or gated sender does")
     p.add_argument("--allow-refusals", action="store_true", help="peers the server refuses with 503 + "
                    "Retry-After (full) do not fail a round; the bounds hold over the admitted ones")
     p.add_argument("--require-lst", choices=("bronze", "silver", "gold"), default=None,
@@ -92,6 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default=os.environ.get("SYNCHRONY_TOKEN"), help="bearer token for /whip")
     p.add_argument("--out", default="loadtest-out", help="directory for report.json and report.html")
     return p
+
+
+def _dbfs_or_none(text: str) -> float | None:
+    """``--mic-noise-dbfs``: a level below full scale, or 'none'."""
+    if text.strip().lower() == "none":
+        return None
+    level = float(text)
+    if not -120.0 <= level <= -20.0:
+        raise argparse.ArgumentTypeError("a noise floor is -120..-20 dBFS, or 'none'")
+    return level
 
 
 def spawn_args(args: argparse.Namespace) -> list[str]:
@@ -170,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                           min_sync_checks=args.min_sync_checks, pre_encode=args.pre_encode,
                           decode_video=args.decode_video, allow_refusals=args.allow_refusals,
                           min_recall=args.min_recall, require_lst=args.require_lst, voice=args.voice,
-                          answer_video=args.answer_video, decode_answer=args.decode_answer)
+                          mic_noise_dbfs=args.mic_noise_dbfs, answer_video=args.answer_video,
+                          decode_answer=args.decode_answer)
         report = run_plan(args, cfg, pid, server)
     finally:
         if server is not None:

@@ -18,6 +18,11 @@ DEFAULT_TEXT = "please call me back when you have a moment"  # tiny.en hears esp
 #: The peers' voice: festival's kal_diphone, not the answers' voice (slt_hts), so a peer's own speech and
 #: the answer's echo of it can be told apart by ear and by the server's ASR alike.
 DEFAULT_VOICE = "festival:kal_diphone"
+#: The peers' microphone noise floor (white, RMS dBFS): a live mic always carries some, and a browser sends it. A mic
+#: that sends digital silence reads to the server as a muted or gated sender, whose silence says nothing about echo,
+#: so the suppressor keeps its prior under the answer and floors the first words a peer says over it
+#: (``alignment.echo.EchoConfig.cap_mic_db``). ``None``: digital silence between utterances.
+DEFAULT_MIC_NOISE_DBFS = -70.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class RoundConfig:
     require_lst: str | None = None  # also require this LST tier (alignment.lst) of the round's responses
     tail_s: float = 3.0  # words ending in the last tail_s are not scored: their tokens may still be on the way
     voice: str = DEFAULT_VOICE  # an espeak-ng voice, or festival:<voice> (app.loadtest.testmedia.speak)
+    mic_noise_dbfs: float | None = DEFAULT_MIC_NOISE_DBFS  # the peers' mic noise floor (None: digital silence)
     answer_video: bool = True  # offer the avatar's recvonly video m-line (wire v2)
     decode_answer: bool = False  # decode and measure the spoken answer (False: count its packets)
 

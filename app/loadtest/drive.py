@@ -338,7 +338,7 @@ async def _run_peers(specs: list[PeerSpec], cfg: RoundConfig, setup_cpu: list[fl
     clips: dict[float, tuple[AVClip, lm.ClipTruth, list[bytes] | None, list[bytes] | None]] = {}
     for offset in sorted({s.offset_ms for s in specs}):
         clip = await loop.run_in_executor(None, make_loop_clip, cfg.text, offset, cfg.video_size, cfg.fps,
-                                          cfg.voice)
+                                          cfg.voice, cfg.mic_noise_dbfs)
         vp8 = opus = None
         if cfg.pre_encode:
             vp8 = await loop.run_in_executor(None, encode_vp8_loop, clip.frames, cfg.fps)

@@ -17,11 +17,14 @@ if TYPE_CHECKING:
     from app.loadtest.testmedia import AVClip
 
 
-def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: float, voice: str | None = None) -> AVClip:
+def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: float, voice: str | None = None,
+                   mic_noise_dbfs: float | None = None) -> AVClip:
     """A talking-face clip with sync markers whose audio and video loop seamlessly.
 
     ``voice``: an espeak-ng voice or ``festival:<voice>``; by default the load test's
     (``app.loadtest.config.DEFAULT_VOICE``, festival's kal_diphone: not the answers' voice).
+    ``mic_noise_dbfs``: a white noise floor at that RMS level over the whole loop, as a live mic carries
+    (``app.loadtest.config.DEFAULT_MIC_NOISE_DBFS``); none: digital silence around the speech.
 
     Its duration is a whole number of video frames and of 20 ms audio frames, so looping it never
     drifts audio against video. Markers: one in the lead-in, one in the tail, each at the start of
@@ -43,6 +46,9 @@ def make_loop_clip(text: str, offset_ms: float, size: tuple[int, int], fps: floa
     audio = clip.audio[:total]
     if len(audio) < total:
         audio = np.concatenate([audio, np.zeros(total - len(audio), np.float32)])
+    if mic_noise_dbfs is not None:
+        noise = np.random.default_rng(0).standard_normal(total) * 10 ** (mic_noise_dbfs / 20)
+        audio = (audio + noise).astype(np.float32)
     n_frames = total // step
     frames = list(clip.frames[:n_frames])
     while len(frames) < n_frames:
