@@ -11,7 +11,8 @@ The answer comes back delayed (network, playout, room), filtered, reverberant. P
    learned coupling (at least ``min_coupling``); bands it explains go to a floor, louder ones (the user)
    pass. It spans ``spread_s`` around the trusted lock (its filter cancels), else a coarse delay (rough
    estimates agree; optional), else any delay.
-4. Before a delay is trusted the coupling is unknown, so it is capped by what the mic shows: over each
+4. Before a delay is trusted the coupling is unknown, so it is capped by what the mic shows (a lock whose filter has
+   never cancelled counts as none: a click can lock a delay where nothing echoes): over each
    ``cap_window_s`` the mic's band energy divided by the played band energy at the least favourable delay
    bounds any echo's coupling from above. Where nothing echoes (headphones, the browser's own canceller)
    that bound falls to the noise floor and the user passes whole under a loud answer. Each answer's first
