@@ -11,16 +11,15 @@ The answer comes back delayed (network, playout, room), filtered, reverberant. P
    learned coupling (at least ``min_coupling``); bands it explains go to a floor, louder ones (the user)
    pass. It spans ``spread_s`` around the trusted lock (its filter cancels), else a coarse delay (rough
    estimates agree; optional), else any delay.
-4. Before a delay is trusted the coupling is unknown, so it is capped by what the mic shows (a lock whose filter has
-   never cancelled counts as none: a click can lock a delay where nothing echoes): over each
-   ``cap_window_s`` the mic's band energy divided by the played band energy at the least favourable delay
-   bounds any echo's coupling from above. Where nothing echoes (headphones, the browser's own canceller)
-   that bound falls to the noise floor and the user passes whole under a loud answer. Each answer's first
-   window sets the bound again. Until then the session's first answer uses the prior; a later one keeps the
-   bound its predecessors left unless the mic rises within ``max_delay_s`` of its first sound, when it may be
-   echo that begins with it (headphones unplugged) and the prior comes back. A user who starts later is heard at
-   once. A lock is trusted only while its filter's output is no louder than the mic (``distrust_db``), and one
-   never trusted over ``untrusted_s`` of played audio is dropped (no echo comes back at that delay).
+4. Before a delay is trusted the coupling is unknown, so it is capped by what the mic shows (a lock whose filter
+   never cancelled counts as none): over each ``cap_window_s`` the mic's band energy divided by the played band
+   energy at the least favourable delay bounds any echo's coupling from above. Where nothing echoes (headphones, the
+   browser's own canceller) that bound falls to the noise floor and the user passes whole under a loud answer. Each
+   answer's first window sets the bound again. Until then the session's first answer uses the prior; a later one
+   keeps the bound its predecessors left unless the mic rises within ``max_delay_s`` of its first sound, when it may
+   be echo that begins with it (headphones unplugged) and the prior comes back. A user who starts later is heard at
+   once. A lock is trusted only while its filter's output is no louder than the mic (``distrust_db``), and one never
+   trusted over ``untrusted_s`` of played audio is dropped (no echo comes back at that delay).
 When nothing was played recently ``process`` returns the chunk itself.
 """
 
@@ -292,11 +291,9 @@ class EchoCanceller:
 
     @property
     def _bound_serves(self) -> bool:
-        """The mic's bound caps the coupling: no echo found yet, or a lock whose filter has never cancelled. A
-        click just after an answer's first sound can lock a delay in a session with no echo (the load test's
-        sync marker did, every loop); taken as echo before its filter shows it, that lock set the bound aside
-        and the prior floored the user under the answer. A lock trusted once and then distrusted (the path
-        moved under the filter) keeps the coupling floor instead: its output may hold more than the mic did."""
+        """The mic's bound caps the coupling: no lock, or one whose filter never cancelled (a click just after an
+        answer's first sound locks a delay where nothing echoes). A lock distrusted after it cancelled keeps the
+        coupling floor: its output may hold more than the mic did (the path moved under the filter)."""
         return self.delay is None or not self._ever_trusted
 
     # ---- the mic side ----------------------------------------------------------------------------
@@ -346,9 +343,8 @@ class EchoCanceller:
     def settled(self) -> bool:
         """What the mic holds of the answer's echo is known: past the span where the current answer's echo may be
         first arriving (its first sound + ``max_delay_s`` + ``return_slack_s``), with a lock whose filter cancels or
-        with no lock and the mic's bound in force. Otherwise (the prior, or a lock not yet trusted, even under the
-        bound: on the tuning scenes that let one noise burst through as speech) a short burst of residual echo can
-        pass for speech."""
+        with no lock and the mic's bound in force. Otherwise (the prior, or a lock not yet trusted) a short burst
+        of residual echo can pass for speech."""
         if self._answer_sound is None or self._mic_end - self._answer_sound <= self._arrival_span:
             return False
         return self.trusted if self.delay is not None else not self._prior_holds
