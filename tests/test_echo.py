@@ -157,7 +157,9 @@ def test_a_session_with_no_echo_locks_no_delay():
     talking over loud answers, nothing echoing. Both GCC-PHAT windows then start mid-sound and peak at the
     search's edge; the tree before locked a 0.5 s delay there, which turned the coupling bound off for the rest
     of the session (barge-ins took up to 1 s)."""
-    locks = {canceller.delay for canceller, _, _ in _replay_recorded("no_echo_session_edge_lock")}
+    states = [(canceller.delay, canceller.active) for canceller, _, _ in _replay_recorded("no_echo_session_edge_lock")]
+    locks = {delay for delay, _ in states}
+    assert sum(active for _, active in states) > 100, "the stretch must hold answers the mic could echo"
     assert locks == {None}, f"delays of {locks - {None}} samples locked with no echo"
 
 
