@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 #: The server's readiness (``/readyz``'s body), shown on the page.
 Readiness = Callable[[], dict[str, object]]
 
+#: How often Gradio's queue looks for work while it has none, and for progress to send (its defaults on Windows).
+#: On Linux it looks every 1 ms and 10 ms: over a thousand wake-ups a second of the event loop that carries every
+#: session's media, idle or not. The page sends Gradio one event (the readiness, on load), which now waits
+#: at most 50 ms.
+QUEUE_IDLE_POLL_S = 0.05
+QUEUE_PROGRESS_POLL_S = 0.1
+
 _PANEL = """
 <div id="sy-app" data-auth="{auth}" data-answers="{answers}">
   <div class="sy-bar">
@@ -102,5 +109,9 @@ def mount_ui(app: FastAPI, config: ServerConfig, ready: Readiness | None = None)
 
     head = ('<link rel="stylesheet" href="/static/synchrony.css">'
             '<script src="/static/synchrony.js" defer></script>')
-    return gr.mount_gradio_app(app, build_ui(config, ready), path="/", head=head, ssr_mode=False,
-                               footer_links=[])
+    demo = build_ui(config, ready)
+    mounted = gr.mount_gradio_app(app, demo, path="/", head=head, ssr_mode=False, footer_links=[])
+    queue = demo._queue  # gradio is pinned (pyproject.toml); tests/test_server.py counts the loop's wake-ups
+    queue.sleep_when_free = QUEUE_IDLE_POLL_S
+    queue.progress_update_sleep_when_free = QUEUE_PROGRESS_POLL_S
+    return mounted
