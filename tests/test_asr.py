@@ -84,6 +84,27 @@ def test_offline_words_are_final_timed_and_mostly_right(whisper_model, speech):
     assert float(np.median(errs)) < 0.15, errs
 
 
+#: Allison Smith's "To remove the participant who most recently joined the conference." (asterisk-core-sounds-en,
+#: CC-BY-SA-3.0: tests/data/README.md) and its onsets as read by hand (bench/data/human_speech.json).
+DOUBLED_PROMPT = Path(__file__).with_name("data") / "allison_confbridge_remove_last_in.wav"
+DOUBLED_PROMPT_ONSETS = (("to", 0.04), ("remove", 0.12), ("the", 0.55), ("participant", 0.62), ("who", 1.63),
+                         ("most", 1.73), ("recently", 2.06), ("joined", 2.58), ("the", 2.94), ("conference", 3.0))
+
+
+def test_offline_words_leave_out_text_said_again_with_no_audio(whisper_model):
+    """tiny.en decodes this recorded prompt and then says it all again, and the word DTW puts the copy at one
+    instant at the end of the audio. Offline, that copy went final, and no forced alignment fitted the doubled
+    text, so every word kept its DTW time (up to 330 ms off). The copy is left out; each word lands where it
+    was said."""
+    from app.offline.media_io import decode_media
+
+    audio = np.concatenate([decode_media(DOUBLED_PROMPT).audio, np.zeros(SAMPLE_RATE // 2, np.float32)])
+    words = transcribe_words(audio, model=whisper_model)
+    assert [agreement_key(w.text) for w in words] == [t for t, _ in DOUBLED_PROMPT_ONSETS]
+    errors_ms = [round(1000 * (w.start - onset)) for w, (_, onset) in zip(words, DOUBLED_PROMPT_ONSETS, strict=True)]
+    assert all(abs(e) <= 40 for e in errors_ms), errors_ms
+
+
 def test_silence_and_empty_audio_give_no_words(whisper_model):
     assert transcribe_words(np.zeros(0, np.float32), model=whisper_model) == []
     assert transcribe_words(np.zeros(2 * SAMPLE_RATE, np.float32), model=whisper_model) == []
@@ -626,17 +647,17 @@ def test_interims_stop_before_words_the_dtw_put_at_one_instant():
     """Text the word DTW finds no audio for lands at one instant with no duration (tiny.en saying a
     carried sentence again); shown, it flashed a whole sentence on one frame. One short word alone
     is not that, and the words before such a run are still shown."""
-    from models.asr.streaming import _audible_prefix
+    from models.asr.engine import audible_prefix
 
     def w(raw: str, a: float, b: float) -> DecodedWord:
         return DecodedWord(raw, a, b, 0.9)
 
     seen = [w(" please", 0.0, 0.3), w(" call", 0.31, 0.31), w(" me", 0.31, 0.31), w(" back", 0.31, 0.31),
             w(" please", 0.4, 0.7)]
-    assert _audible_prefix(seen) == 1
-    assert _audible_prefix([w(" a", 0.2, 0.2), w(" cat", 0.2, 0.5)]) == 2  # one zero-length word
-    assert _audible_prefix([w(" a", 0.2, 0.2), w(" b", 0.3, 0.3)]) == 2  # two, at different instants
-    assert _audible_prefix([]) == 0
+    assert audible_prefix(seen) == 1
+    assert audible_prefix([w(" a", 0.2, 0.2), w(" cat", 0.2, 0.5)]) == 2  # one zero-length word
+    assert audible_prefix([w(" a", 0.2, 0.2), w(" b", 0.3, 0.3)]) == 2  # two, at different instants
+    assert audible_prefix([]) == 0
 
 
 def test_audio_before_quiet_until_changes_nothing(whisper_model):

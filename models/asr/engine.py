@@ -65,6 +65,30 @@ class DecodedWord:
 
 
 
+#: A word shorter than this, or that close to another's start, is at one instant.
+INSTANT_S = 1e-3
+
+
+def _at_one_instant(a: DecodedWord, b: DecodedWord) -> bool:
+    return a.end - a.start < INSTANT_S and b.end - b.start < INSTANT_S and abs(b.start - a.start) < INSTANT_S
+
+
+def audible_prefix(words: Sequence[DecodedWord]) -> int:
+    """How many of ``words`` come before the first two that the word DTW put at one instant with no
+    duration. The DTW does that to text it finds no audio for: tiny.en, forced through a carried
+    sentence or past the end of the speech, now and then says it all again."""
+    return next((i for i in range(len(words) - 1) if _at_one_instant(words[i], words[i + 1])), len(words))
+
+
+def without_unheard_tail(words: list[DecodedWord]) -> list[DecodedWord]:
+    """``words`` less a trailing run of them at one instant (:func:`audible_prefix`): a decode's last
+    word said again, or its whole text, with no audio left for it. A run with heard words after it stays."""
+    k = audible_prefix(words)
+    if k < len(words) and all(_at_one_instant(words[k], w) for w in words[k + 1 :]):
+        return words[:k]
+    return words
+
+
 class Engine(Protocol):
     """One Whisper backend: decode a short window of 16 kHz audio into timed words.
 

@@ -12,7 +12,7 @@ from whisper.model import Whisper
 
 from alignment.timing import end_by_next_start, refine_word_times
 from alignment.types import SAMPLE_RATE, WordToken
-from models.asr.engine import Engine, check_audio, get_engine
+from models.asr.engine import Engine, check_audio, get_engine, without_unheard_tail
 from models.vad import VADConfig, speech_segments
 
 
@@ -45,7 +45,7 @@ def transcribe_words(
             pieces.append((a, b))
     words: list[WordToken] = []
     for utt, (a, b) in enumerate(pieces):
-        for i, w in enumerate(eng.transcribe(audio[a:b])):
+        for i, w in enumerate(without_unheard_tail(eng.transcribe(audio[a:b]))):
             base = t0 + a / SAMPLE_RATE
             words.append(WordToken(w.text, base + w.start, base + w.end, True, w.probability, utt, i))
     if refine and words:

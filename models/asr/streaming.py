@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,7 +25,7 @@ from alignment.support import judge, refuse_unheard_repeats
 from alignment.text import without_punctuation
 from alignment.timing import align_words, end_by_next_start
 from alignment.types import SAMPLE_RATE, AudioChunk, WordToken
-from models.asr.engine import DecodedWord, Engine, check_audio, get_engine
+from models.asr.engine import DecodedWord, Engine, audible_prefix, check_audio, get_engine
 from models.vad import StreamingVAD, VADConfig, VADEvent
 
 MAX_WINDOW_S = 20.0  # a streaming window is re-based once it grows past this
@@ -386,7 +385,7 @@ class StreamingASR:
         self._hyp = new[n_final:]
         self._hyp_history.append([w.key for w in self._hyp])
         base = self._win_start
-        for i, w in enumerate(self._hyp[: _audible_prefix(self._hyp)]):
+        for i, w in enumerate(self._hyp[: audible_prefix(self._hyp)]):
             events.append(WordToken(w.text, base + w.start, base + w.end, False, w.probability,
                                     self._utt, self._n_final + i))
         return events
@@ -556,19 +555,6 @@ class StreamingASR:
 
 _PREFIX_TRIES = 6  # shorter runs aligned at most, when a run of new finals finds no path
 _FLOOR_AUDIO_S = 3.0  # audio before a word that its support check reads the noise floor from
-_INSTANT_S = 1e-3  # a word shorter than this, or that close to another's start, is at one instant
-
-
-def _audible_prefix(words: Sequence[DecodedWord]) -> int:
-    """How many of ``words`` to show as interims: those before the first two that the word DTW put
-    at one instant with no duration. The DTW does that to text it finds no audio for (tiny.en, forced
-    through a carried sentence, now and then says it again), and shown, a whole sentence would flash
-    on one frame; the next decodes hear what follows."""
-    for i in range(len(words) - 1):
-        a, b = words[i], words[i + 1]
-        if a.end - a.start < _INSTANT_S and b.end - b.start < _INSTANT_S and abs(b.start - a.start) < _INSTANT_S:
-            return i
-    return len(words)
 
 
 def _heard_words(final: list[DecodedWord], pending: list[DecodedWord], speech_end: float,
