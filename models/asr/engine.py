@@ -64,12 +64,12 @@ class DecodedWord:
         return agreement_key(self.raw)
 
 
-
 #: A word shorter than this, or that close to another's start, is at one instant.
 INSTANT_S = 1e-3
 
 
 def _at_one_instant(a: DecodedWord, b: DecodedWord) -> bool:
+    """Both words have no duration and start together: the DTW found no audio for them."""
     return a.end - a.start < INSTANT_S and b.end - b.start < INSTANT_S and abs(b.start - a.start) < INSTANT_S
 
 

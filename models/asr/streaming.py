@@ -385,6 +385,7 @@ class StreamingASR:
         self._hyp = new[n_final:]
         self._hyp_history.append([w.key for w in self._hyp])
         base = self._win_start
+        # Not the text the DTW found no audio for: shown, a whole sentence would flash on one frame.
         for i, w in enumerate(self._hyp[: audible_prefix(self._hyp)]):
             events.append(WordToken(w.text, base + w.start, base + w.end, False, w.probability,
                                     self._utt, self._n_final + i))
