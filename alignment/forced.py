@@ -160,7 +160,9 @@ class ForcedAligner:
         segs = self._run(self._decoder, audio, " ".join(text))
         if segs is None:
             return None
-        spans = [AlignedWord(first * FRAME_S - _PAD_S, (last + 1) * FRAME_S - _PAD_S)
+        # The silence padded on is not the audio: a word started in it (a stop's silent closure stretched
+        # over the pause before it) starts at the audio's first sample.
+        spans = [AlignedWord(max(first * FRAME_S - _PAD_S, 0.0), (last + 1) * FRAME_S - _PAD_S)
                  for word, first, last in segs if word not in _FILLERS]
         if len(spans) != len(text):
             return None

@@ -212,3 +212,27 @@ def test_a_pause_holds_through_the_rooms_flicker():
     vowel = t >= 0.8
     audio[vowel] += 0.1 * np.sin(2 * np.pi * 220 * t[vowel]).astype(np.float32)
     assert abs(start_after_pause(pause_levels(audio), 0.62, 1.1, "all") - 0.8) <= 0.01
+
+
+
+@pytest.mark.parametrize("lead_s", [0.2, 0.25, 0.3])
+def test_a_stop_after_a_pause_starts_at_its_burst_not_in_the_aligners_padding(lead_s):
+    """A streaming window opens a little before the speech. The aligner may stretch the first word's stop
+    closure (silent, like the pause) over that pause and into the silence it pads the audio with, and the
+    pause rule searches only so far past the aligner's start: the load test's "please" came out 320 ms
+    early when the window opened 0.22-0.25 s before it. A word starts at the audio's first sample at the
+    earliest, and from there the pause rule finds its burst."""
+    from alignment.onsets import HOP_S, levels_db
+    from alignment.timing import align_words
+    from app.loadtest import config, loopclip
+
+    clip = loopclip.make_loop_clip(config.DEFAULT_TEXT, 0.0, (160, 120), 16.0, mic_noise_dbfs=-70.0)
+    levels = levels_db(clip.audio)
+    first = int(clip.words[0].start / HOP_S)  # the synthesizer's start: the closure before the burst
+    burst = (first + int(np.argmax(levels[first:] > -50.0))) * HOP_S  # 20 dB over the floor
+    a, split, b = burst - lead_s, burst + 0.3, burst + 0.63  # the window and Whisper's times as streamed
+    audio = clip.audio[int(round(a * SAMPLE_RATE)): int(round(b * SAMPLE_RATE))]
+    toks = [WordToken("Please", a, split, False), WordToken("call", split, b - 0.03, False)]
+    got = align_words(audio, a, toks, lookahead_s=0.1, follow=1)
+    assert got.placed == (True,)
+    assert abs(got.words[0].start - burst) <= 0.04, (got.words[0].start, burst)
