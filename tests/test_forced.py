@@ -214,7 +214,6 @@ def test_a_pause_holds_through_the_rooms_flicker():
     assert abs(start_after_pause(pause_levels(audio), 0.62, 1.1, "all") - 0.8) <= 0.01
 
 
-
 @pytest.mark.parametrize("lead_s", [0.2, 0.25, 0.3])
 def test_a_stop_after_a_pause_starts_at_its_burst_not_in_the_aligners_padding(lead_s):
     """A streaming window opens a little before the speech. The aligner may stretch the first word's stop
