@@ -196,7 +196,7 @@ _WEAK_FRICATIVES = frozenset("fT")
 #: ~50 ms after its level first rises (a breathy or pre-voiced start: hand-read onsets), and a soft
 #: onset may rise up to ~120 ms after the word begins (synthesizers' and aligners' word boundaries
 #: both put the closure or the weak consonant inside the word), a weak fricative's up to ~180 ms.
-#: Measured in BENCHMARKS.md (Human speech).
+#: Measured on the hand-read human sets: docs/benchmarks-history.md, 12-06 (thirtieth session).
 SHARP_WINDOW_MS = (-50.0, 50.0)
 SOFT_WINDOW_MS = (-120.0, 50.0)
 WEAK_FRICATIVE_WINDOW_MS = (-180.0, 50.0)
