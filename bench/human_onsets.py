@@ -183,21 +183,21 @@ def main(argv: list[str] | None = None) -> int:
           f"{' --room' if args.room else ''}{f' --phases {args.phases}' if args.phases > 1 else ''}")
     print(f"load average {os.getloadavg()[0]:.1f} at start; 2-core machine")
     by_speaker: dict[tuple[str, str, str], list[tuple[float | None, str]]] = {}
-    by_phase: dict[str, list[tuple[float | None, str]]] = {}
+    by_phase: dict[tuple[str, int], list[tuple[float | None, str]]] = {}
     for k in range(args.phases):
         for clip in clips(args.part):
             kind = "connected" if not clip.pad else "isolated"
             rows = errors(clip, args.live, args.room, k * PHASE_STEP_S)
             by_speaker.setdefault((clip.part, kind, clip.speaker), []).extend(rows)
-            by_phase.setdefault(f"{clip.part}/{kind} +{1000 * k * PHASE_STEP_S:g} ms", []).extend(rows)
+            by_phase.setdefault((f"{clip.part}/{kind}", k), []).extend(rows)
     pooled: dict[str, list[tuple[float | None, str]]] = {}
     for (part, kind, spk), rows in sorted(by_speaker.items()):
         print(line(f"{part}/{kind}/{spk}", rows, args.phases))
         pooled.setdefault(f"{part}/{kind}", []).extend(rows)
         pooled.setdefault("all", []).extend(rows)
     if args.phases > 1:
-        for label, rows in sorted(by_phase.items()):
-            print(line(label, rows))
+        for (label, k), rows in sorted(by_phase.items()):
+            print(line(f"{label} +{1000 * k * PHASE_STEP_S:g} ms", rows))
     for label, rows in sorted(pooled.items()):
         print(line(f"pooled {label}", rows, args.phases))
     return 0
