@@ -16,7 +16,7 @@ share within +-40 ms with a Wilson 95 % interval, for all words and for the 'cle
     .venv/bin/python bench/human_onsets.py --live --phases 4  # each clip also started 8, 16, 24 ms later, pooled
 
 Why ``--phases``: a stream's decodes fall where its audio puts them, so a clip started 10 ms later is decoded
-in other windows, and tiny.en hears some words differently (the held-out live figure read 72-80 % at four
+in other windows, and tiny.en hears some words differently (the held-out live figure read 72-79 % at four
 starts). Pooled over starts a quarter of a VAD window apart, a figure depends less on where each clip began.
 """
 
