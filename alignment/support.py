@@ -10,7 +10,8 @@ repeated three times, several words at one instant). A word may become final onl
   two words at one start share one word's audio;
 * it does not start the utterance again over audio already given to a word (:func:`_restarts`: past the
   end of speech tiny.en says the utterance's first words again, and the aligner squeezes them into the
-  last word's audio);
+  last word's audio), nor, at the utterance's end, lie mostly inside a word before it (``INSIDE_S``: a
+  one-word answer came out as "Messages is, as it", the three words placed inside "Messages");
 * a repeat of the words just before it (a loop) stands well over speech, and the utterance's text
   does not compress like a loop (Whisper's compression-ratio rule); and the audio holds both copies
   (:func:`repeat_heard`: tiny.en hears one "friends" as "friends friends", and the aligner fits two
@@ -52,12 +53,17 @@ MAX_COMPRESSION_RATIO = 2.4
 #: at least RESTART_OVERLAP_S before the end of the word before it.
 RESTART_MIN_WORDS = 2
 RESTART_OVERLAP_S = 0.05
+#: Inside, at an utterance's end: a word that starts at least INSIDE_S before the end of a word before it, with at
+#: least INSIDE_SHARE of its span before that end, has no audio of its own (a late word end overlaps the next word
+#: by less). Not mid-utterance: there a refused word holds back the words after it, and in noise word ends run late.
+INSIDE_S = 0.1
+INSIDE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
 class Verdict:
     """Per word: supported, or why not (``"unplaced"``, ``"silent"``, ``"duration"``, ``"overlap"``,
-    ``"restart"``, ``"loop"``)."""
+    ``"restart"``, ``"inside"``, ``"loop"``)."""
 
     reasons: tuple[str, ...]
 
@@ -99,9 +105,13 @@ def judge(
     looping = compression_ratio(text) > MAX_COMPRESSION_RATIO
     reasons = []
     last = -np.inf if previous_start is None else previous_start
+    reach = -np.inf if previous_end is None else previous_end  # the latest end of a word before this one
     for k, (w, ok) in enumerate(zip(words, placed, strict=True)):
         share = _loud_share(loud, t0, w.start, w.end)
         step, last = w.start - last, w.start
+        inside = (speech_end is not None and reach - w.start >= INSIDE_S
+                  and min(reach, w.end) - w.start >= INSIDE_SHARE * (w.end - w.start))
+        reach = max(reach, w.end)
         if looping:
             reasons.append("loop")
         elif not ok:
@@ -112,6 +122,8 @@ def judge(
             reasons.append("overlap")
         elif restart[k]:
             reasons.append("restart")
+        elif inside:
+            reasons.append("inside")
         elif speech_end is not None and w.start >= speech_end - MIN_STEP_S:
             reasons.append("silent")
         elif share < (LOOP_LOUD_SHARE if loop[k] else MIN_LOUD_SHARE):

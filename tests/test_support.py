@@ -70,6 +70,28 @@ def test_the_utterance_said_again_inside_its_last_word_is_not_final(sentence):
     assert one.reasons != ("restart",)
 
 
+def test_words_placed_inside_the_word_before_them_at_an_utterance_end_are_not_final(sentence):
+    """A one-word answer came out as "Messages is, as it": at the endpoint tiny.en heard the word's audio
+    again as new words, and the aligner placed them inside it. Such words have no audio of their own. A
+    word whose start a late word end overlaps by a little is speech, and mid-utterance the rule waits: a
+    word refused there would hold back every word after it."""
+    placed = align_words(sentence.samples, 0.0, _truth_tokens(sentence)).words
+    moment = placed[-1]
+    span = moment.end - moment.start
+    inside = [WordToken("is", moment.start + 0.2 * span, moment.start + 0.4 * span),
+              WordToken("it", moment.start + 0.4 * span, moment.start + 0.8 * span)]
+    assert moment.end - inside[1].start >= 0.1
+    at_end = judge(sentence.samples, 0.0, inside, [True, True], before=[w.text for w in placed],
+                   previous_start=moment.start, previous_end=moment.end, speech_end=moment.end + 0.05)
+    assert at_end.reasons == ("inside", "inside")
+    mid = judge(sentence.samples, 0.0, inside, [True, True], previous_start=moment.start, previous_end=moment.end)
+    assert "inside" not in mid.reasons
+    call, me = placed[1], placed[2]
+    late_end = judge(sentence.samples, 0.0, [me], [True], previous_start=call.start, previous_end=me.start + 0.05,
+                     speech_end=sentence.duration)
+    assert late_end.reasons == ("",)
+
+
 def test_a_looped_sentence_is_final_word_by_word_every_time():
     """The load test's peer loops one sentence. When its last word was refused at an endpoint, the next
     utterance heard that word again at its start (the carried audio runs 0.1 s past the last final), made it
