@@ -93,12 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         if clip.pad:
             continue  # isolated words: bench/isolated_words.py
         ref = reference(clip)
-        if ref is None or padded(clip) is None:
+        starts = [padded(clip, later_s=k * PHASE_STEP_S) for k in range(args.phases)] if ref is not None else []
+        if ref is None or any(got is None for got in starts):
             print(f"  (no transcript or audio for {clip.source})")
             continue
         per_start = []
-        for k in range(args.phases):
-            audio = padded(clip, later_s=k * PHASE_STEP_S)[0]
+        for k, (audio, _) in enumerate(starts):
             e_off, n = word_edits(ref, [w.text for w in offline_words(audio)])
             e_live, _ = word_edits(ref, [w.text for w in live_words(audio)])
             per_start.append((e_off, e_live, n))
