@@ -2,24 +2,15 @@
 
 The answer comes back delayed (network, playout, room), filtered, reverberant. Per mic block, numpy only:
 
-1. Bulk delay: GCC-PHAT of the mic against the played audio (at 4 kHz) over the last second, while
-   echo may arrive; a new delay needs two agreeing confident estimates.
-2. Linear echo path: a partitioned-block frequency-domain NLMS filter around that delay, with a
-   background filter that always adapts and a foreground one (used) that copies it when it cancels
-   better (double talk).
-3. Residual suppression per band: the echo left is predicted from the played band power times a
-   learned coupling (at least ``min_coupling``); bands it explains go to a floor, louder ones (the user)
-   pass. It spans ``spread_s`` around the trusted lock (its filter cancels), else a coarse delay (rough
-   estimates agree; optional), else any delay.
-4. Before a delay is trusted the coupling is unknown, so it is capped by what the mic shows (a lock whose filter
-   never cancelled counts as none): over each ``cap_window_s`` the mic's band energy divided by the played band
-   energy at the least favourable delay bounds any echo's coupling from above. Where nothing echoes (headphones, the
-   browser's own canceller) that bound falls to the noise floor and the user passes whole under a loud answer. Each
-   answer's first window sets the bound again. Until then the session's first answer uses the prior; a later one
-   keeps the bound its predecessors left unless the mic rises within ``max_delay_s`` of its first sound, when it may
-   be echo that begins with it (headphones unplugged) and the prior comes back. A user who starts later is heard at
-   once. A lock is trusted only while its filter's output is no louder than the mic (``distrust_db``), and one never
-   trusted over ``untrusted_s`` of played audio is dropped (no echo comes back at that delay).
+1. Bulk delay: GCC-PHAT of the mic against the played audio (4 kHz, last second); two agreeing confident estimates.
+2. Linear echo path: a partitioned-block frequency-domain NLMS filter around that delay; a background filter always
+   adapts, and the foreground one (used) copies it when it cancels better (double talk).
+3. Residual suppression per band: the echo left is the played band power times a learned coupling (at least
+   ``min_coupling``); bands it explains go to a floor, louder ones (the user) pass.
+4. Until a lock's filter has cancelled, the coupling is unknown, so the mic bounds it from above
+   (:meth:`EchoCanceller._bound_coupling`): where nothing echoes (headphones, the browser's own canceller) the
+   bound falls to the noise floor and the user passes whole under a loud answer. A lock is trusted only while its
+   filter's output is no louder than the mic, and one never trusted is dropped (:attr:`EchoCanceller.trusted`).
 When nothing was played recently ``process`` returns the chunk itself.
 """
 

@@ -1,24 +1,17 @@
 """Acoustic onsets of words that follow silence: evidence of a word's audio time that no aligner made.
 
-Level-3 must check a word's audio time against something other than the estimate that placed
-it. Where a word follows a pause, the audio itself says when it starts: the level rises out of
-the noise floor. This module finds that rise from the signal alone (10 ms RMS in 5 ms steps),
-so a word the aligner put 80 ms off is caught whatever aligner was used. Words inside connected
-speech have no such evidence and are not judged by it (None).
+Level-3 must check a word's audio time against something other than the estimate that placed it. After a pause
+the level (10 ms RMS in 5 ms steps) rises out of the noise floor where the word starts, whatever aligner placed it;
+words inside connected speech have no such evidence and are not judged by it (None).
 
-The onset is the first frame more than ``QUIET_DB`` above the floor after at least
-``MIN_SILENCE_S`` of frames within it, when the level then reaches ``RISE_DB`` above the floor
-within ``RAMP_S``. The floor is a low percentile of the levels around the word, so steady
-background noise raises it instead of reading as speech. A stop consonant's closure is silent
-and a weak consonant sits near the floor, so for those words the rise comes late: an aligner's
-onset (and a synthesizer's word boundary) may sit up to ~120 ms before it, ~180 ms for /f/ or /θ/
-(:func:`onset_window_ms`).
+The onset is the first frame ``QUIET_DB`` over the floor (a low percentile of the levels around the word, so steady
+noise raises it) after ``MIN_SILENCE_S`` within it, when the level then reaches ``RISE_DB`` within ``RAMP_S``. A
+stop's closure is silent and a weak consonant sits near the floor, so an aligner's onset may sit up to ~120 ms
+before that rise, ~180 ms for /f/ or /θ/ (:func:`onset_window_ms`).
 
-The refinement uses the same levels once, for one thing the aligner gets wrong: after a pause its
-silence model often gives up to 200 ms of the quiet to the next word's first phone. A word cannot
-begin in a pause, so :func:`start_after_pause` moves such a start to where the level rises. For a
-word so moved, Level-3's check and the placement share their evidence; the check stays independent
-of the aligner everywhere else.
+The refinement uses the same levels for one thing the aligner gets wrong: after a pause it often gives up to 200 ms
+of the quiet to the next word's first phone, and a word cannot begin in a pause (:func:`start_after_pause`). For a
+word so moved, the check and the placement share their evidence; everywhere else the check stays independent.
 """
 
 from __future__ import annotations

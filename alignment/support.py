@@ -1,22 +1,17 @@
 """Whether the audio supports a recognised word: no final word the audio did not say.
 
-tiny.en, given a short window, can say what is not there (a one-word utterance came out as a phrase
-repeated three times, several words at one instant). A word may become final only when:
+tiny.en, given a short window, can say what is not there (a one-word utterance came out as a phrase repeated three
+times, several words at one instant). A word may become final only when:
 
-* the forced alignment (:mod:`alignment.forced`) found it, over speech: enough of its 10 ms frames
-  stand ``LOUD_DB`` above the floor of the audio around it (a low percentile, so steady noise raises
-  it) and within ``SPEECH_RANGE_DB`` of the loudest frame, and it starts before the end of speech;
-* its duration is a word's (``MAX_WORD_S``) and it starts after the word before it (``MIN_STEP_S``):
-  two words at one start share one word's audio;
-* it does not start the utterance again over audio already given to a word (:func:`_restarts`: past the
-  end of speech tiny.en says the utterance's first words again, and the aligner squeezes them into the
-  last word's audio), nor, at the utterance's end, lie mostly inside a word before it (``INSIDE_S``: a
-  one-word answer came out as "Messages is, as it", the three words placed inside "Messages");
-* a repeat of the words just before it (a loop) stands well over speech, and the utterance's text
-  does not compress like a loop (Whisper's compression-ratio rule); and the audio holds both copies
-  (:func:`repeat_heard`: tiny.en hears one "friends" as "friends friends", and the aligner fits two
-  copies into one word's audio). Whisper's no-speech rule is the engine's, on every decoded window.
-  The alignment is the refinement's own; the rest is numpy.
+* the forced alignment (:mod:`alignment.forced`) found it over speech (``LOUD_DB`` over the floor of the audio
+  around it, within ``SPEECH_RANGE_DB`` of the loudest frame), before the end of speech;
+* its duration is a word's (``MAX_WORD_S``) and it starts after the word before it (``MIN_STEP_S``);
+* it does not start the utterance again over audio already given to a word (:func:`_restarts`), nor, at the
+  utterance's end, lie mostly inside a word before it (``INSIDE_S``: "Messages" came out as "Messages is, as it");
+* a repeat of the words just before it stands well over speech, the utterance's text does not compress like a loop
+  (Whisper's compression-ratio rule), and the audio holds both copies (:func:`repeat_heard`).
+Whisper's no-speech rule is the engine's, on every decoded window. The alignment is the refinement's own; the rest
+is numpy.
 """
 
 from __future__ import annotations

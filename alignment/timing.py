@@ -1,18 +1,16 @@
 """Word-timing refinement: put each recognised word where it was said, by forced alignment.
 
-Whisper's word timestamps on connected speech run late (the first word snaps to the segment start),
-so the recognised words are aligned phone by phone to the audio with a human-speech acoustic model
-(:mod:`alignment.forced`, PocketSphinx's en-us HMMs), which holds whatever the speaker sounds like.
-A word the aligner starts inside a pause starts where the level rises instead
-(:func:`alignment.onsets.start_after_pause`). Where it finds no path (words not said), Whisper's
-estimate is kept and the word is marked not placed: the streaming recogniser treats it as
-unsupported (:mod:`alignment.support`). A refined time more than MAX_SHIFT_S from the estimate is
-rejected (a dropped word can pull the next one onto it).
+Whisper's word timestamps on connected speech run late (the first word snaps to the segment start), so the
+recognised words are aligned phone by phone to the audio with a human-speech acoustic model (:mod:`alignment.forced`,
+PocketSphinx's en-us HMMs). A word the aligner starts inside a pause starts where the level rises instead
+(:func:`alignment.onsets.start_after_pause`). Where it finds no path (words not said), Whisper's estimate is kept
+and the word is marked not placed: the streaming recogniser treats it as unsupported (:mod:`alignment.support`).
+A refined time more than MAX_SHIFT_S from the estimate is rejected (a dropped word can pull the next one onto it).
 
-Streaming (``lookahead_s``): times come from audio ending at the last word's end + look-ahead, never
-later. The utterance's last two finals go before the new words as ``context`` (a one-word text
-matches any similar stretch of audio), and the next interim word after them as ``follow`` (the
-look-ahead audio mostly holds its start; without it the last word is stretched over it).
+Streaming (``lookahead_s``): times come from audio ending at the last word's end + look-ahead, never later. The
+utterance's last two finals go before the new words as ``context`` (a one-word text matches any similar stretch of
+audio), and the next interim word after them as ``follow`` (the look-ahead audio mostly holds its start; without
+it the last word is stretched over it).
 """
 
 from __future__ import annotations

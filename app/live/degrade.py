@@ -8,11 +8,10 @@ so the cheaper-to-lose work goes first, one step at a time (docs/WIRE.md, "Under
 2. ``video_quality``: the returned video at half size (same frame rate, times and caption frames);
 3. ``asr_step``: the streaming ASR re-decodes every 0.3 s of new speech instead of 0.15 s.
 
-Overload is read from the process's CPU share and from the ASR falling behind (audio waiting for a
-lane, slow tokens, late finals), since other processes can take the cores unseen by the CPU share; late
-words count only while the machine has no core to spare (otherwise they are the recogniser's own waits).
-After ``enter_s`` of overload it takes the next step; after ``leave_s`` without, it gives one back.
-``synchrony serve --shed N`` takes the first N steps for good (the ``floor``).
+Overload is read from the process's CPU share and from the ASR falling behind (other processes can take
+the cores unseen by that share); late words count only while no core is spare (else they are the
+recogniser's own waits). After ``enter_s`` of overload it takes the next step; after ``leave_s`` without,
+it gives one back. ``synchrony serve --shed N`` takes the first N steps for good (the ``floor``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """End-of-turn decisions for one live session, in real time, beside the ASR.
 
-The ASR's own endpoint (``models.asr.UtteranceEnd``) comes after its audio queue, the VAD's
-silence wait and a final decode: ~0.5 s after the user stopped, more under load. Deciding that the
-user's turn is over needs none of that, only the silence and the words heard so far, so each
-session runs this small detector on its audio as it arrives (a Silero VAD window costs ~0.1 ms):
+The ASR's endpoint (``models.asr.UtteranceEnd``) comes ~0.5 s after the user stopped (its queue, the
+VAD's silence wait, a final decode). A turn's end needs only the silence and the words heard so far, so
+each session runs this small detector on its audio as it arrives (a Silero VAD window, ~0.1 ms):
 
 * ``pause``: speech stopped ``pause_s`` ago — the responder's request may start now (prefetch), its
   tokens held back until the turn is over, so its own TTFT overlaps the rest of the silence;
 * ``speak``: speech stopped ``speak_s`` ago — a spoken answer may be synthesized now, held until the
-  turn is over, so its first phrase is ready at the end; later than ``pause`` because synthesis is CPU
-  work, and the short pauses inside a sentence (0.1-0.2 s) would waste it;
+  turn is over; later than ``pause``, as synthesis is CPU work a sentence's 0.1-0.2 s pauses would waste;
 * ``resume``: speech came back before the turn was over — drop the prefetched request;
 * ``end``: the silence is long enough for what was said: ``end_s`` after words that can end a
   sentence, ``unfinished_end_s`` after a word that rarely ends one ("to", "the", "and", ...), so a
