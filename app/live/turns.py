@@ -7,7 +7,7 @@ each session runs this small detector on its audio as it arrives (a Silero VAD w
 * ``pause``: speech stopped ``pause_s`` ago — the responder's request may start now (prefetch), its
   tokens held back until the turn is over, so its own TTFT overlaps the rest of the silence;
 * ``speak``: speech stopped ``speak_s`` ago — a spoken answer may be synthesized now, held until the
-  turn is over; later than ``pause``, as synthesis is CPU work a sentence's 0.1-0.2 s pauses would waste;
+  turn is over; later than ``pause``: synthesis is CPU work, which a sentence's 0.1-0.2 s pauses would waste;
 * ``resume``: speech came back before the turn was over — drop the prefetched request;
 * ``end``: the silence is long enough for what was said: ``end_s`` after words that can end a
   sentence, ``unfinished_end_s`` after a word that rarely ends one ("to", "the", "and", ...), so a
